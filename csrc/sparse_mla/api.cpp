@@ -1,0 +1,337 @@
+// Argument checks and launch planning of the sparse-MLA entry points (see api.h).
+#include "api.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "kernel_traits.h"
+
+namespace sparse_mla {
+
+namespace {
+
+constexpr int kBlockH = 16;  // heads per block, SparseMlaFwdTraits::kBlockH for every config
+constexpr int kBlockN = 32;  // KV rows per tile, SparseMlaFwdTraits::kBlockN for every config
+static_assert(SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, kHeadSizeRoPE>::kBlockH == kBlockH);
+static_assert(SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, kHeadSizeRoPE>::kBlockN == kBlockN);
+
+template <typename... Parts>
+[[noreturn]] void fail(const Parts&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  throw ArgumentError(os.str());
+}
+
+std::string shape_str(const TensorDesc& t) {
+  std::ostringstream os;
+  os << "[";
+  for (int i = 0; i < t.dim; ++i) os << (i ? ", " : "") << t.sizes[i];
+  os << "]";
+  return os.str();
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+void require_defined(const TensorDesc& t, const char* name) {
+  if (!t.defined) fail(name, " is required");
+}
+
+void require_dim(const TensorDesc& t, const char* name, int dim, const char* layout) {
+  if (t.dim != dim) fail(name, " must have ", dim, " dims ", layout, ", got shape ", shape_str(t));
+}
+
+void require_dtype(const TensorDesc& t, const char* name, ScalarType want) {
+  if (t.dtype != want)
+    fail(name, " must be ", scalar_type_name(want), ", got ", scalar_type_name(t.dtype));
+}
+
+void require_size(const TensorDesc& t, const char* name, int d, int64_t want, const char* what) {
+  if (t.sizes[d] != want)
+    fail(name, ".shape[", d, "] must be ", want, " (", what, "), got shape ", shape_str(t));
+}
+
+// Rows read or written with 16-byte vectors: contiguous last dim, 16-byte aligned start, and
+// every other stride a multiple of 16 bytes.
+void require_vector_rows(const TensorDesc& t, const char* name) {
+  if (t.strides[t.dim - 1] != 1 && t.sizes[t.dim - 1] > 1)
+    fail(name, " must have a contiguous last dim (stride 1), got stride ", t.strides[t.dim - 1]);
+  if (!aligned16(t.data)) fail(name, " must start at a 16-byte aligned address");
+  for (int d = 0; d + 1 < t.dim; ++d)
+    if ((t.strides[d] * t.element_size) % 16 != 0 && t.sizes[d] > 1)
+      fail(name, ".stride(", d, ") must be a multiple of 16 bytes, got ", t.strides[d], " elements");
+}
+
+class DeviceCheck {
+ public:
+  DeviceCheck(bool require_cuda) : require_cuda_(require_cuda) {}
+  void operator()(const TensorDesc& t, const char* name) {
+    if (!t.defined) return;
+    if (require_cuda_ && !t.is_cuda) fail(name, " must be a CUDA tensor");
+    if (first_ == nullptr) {
+      first_ = name;
+      is_cuda_ = t.is_cuda;
+      index_ = t.device_index;
+    } else if (t.is_cuda != is_cuda_ || (t.is_cuda && t.device_index != index_)) {
+      fail(name, " must be on the same device as ", first_);
+    }
+  }
+
+ private:
+  bool require_cuda_;
+  const char* first_ = nullptr;
+  bool is_cuda_ = false;
+  int index_ = -1;
+};
+
+DType element_dtype(const TensorDesc& q) {
+  if (q.dtype == ScalarType::kBFloat16) return DType::kBFloat16;
+  if (q.dtype == ScalarType::kFloat16) return DType::kFloat16;
+  fail("q must be bfloat16 or float16, got ", scalar_type_name(q.dtype));
+}
+
+// The cache's row width and dtype for its format; returns the number of rows.
+int64_t check_kv_cache(const TensorDesc& kv, KvFormat fmt, int head_size) {
+  require_defined(kv, "kv_cache");
+  if (kv.dim != 2 && kv.dim != 3)
+    fail("kv_cache must be [num_blocks, block_size, row] or [num_rows, row], got shape ", shape_str(kv));
+  switch (fmt) {
+    case KvFormat::kBFloat16: require_dtype(kv, "kv_cache", ScalarType::kBFloat16); break;
+    case KvFormat::kFloat16: require_dtype(kv, "kv_cache", ScalarType::kFloat16); break;
+    default:
+      if (kv.dtype != ScalarType::kUInt8 && kv.dtype != ScalarType::kFloat8E4m3)
+        fail("kv_cache must be uint8 or float8_e4m3fn for an fp8 kv_cache_dtype, got ",
+             scalar_type_name(kv.dtype));
+  }
+  const int64_t width = kv_row_bytes(fmt, head_size) / kv.element_size;
+  if (kv.sizes[kv.dim - 1] != width)
+    fail("kv_cache last dim must be ", width, " for this kv_cache_dtype and head_size ", head_size,
+         ", got shape ", shape_str(kv));
+  require_vector_rows(kv, "kv_cache");
+  if (kv.dim == 3 && kv.sizes[0] > 1 && kv.strides[0] != kv.sizes[1] * kv.strides[1])
+    fail("kv_cache blocks must be evenly spaced rows (stride(0) == shape[1] * stride(1))");
+  return kv.dim == 3 ? kv.sizes[0] * kv.sizes[1] : kv.sizes[0];
+}
+
+void check_k_scale(const TensorDesc& k_scale) {
+  if (!k_scale.defined) return;
+  require_dtype(k_scale, "k_scale", ScalarType::kFloat32);
+  int64_t n = 1;
+  for (int d = 0; d < k_scale.dim; ++d) n *= k_scale.sizes[d];
+  if (n != 1) fail("k_scale must hold one element (a per-tensor scale)");
+}
+
+}  // namespace
+
+const char* scalar_type_name(ScalarType t) {
+  switch (t) {
+    case ScalarType::kBFloat16: return "bfloat16";
+    case ScalarType::kFloat16: return "float16";
+    case ScalarType::kFloat32: return "float32";
+    case ScalarType::kInt32: return "int32";
+    case ScalarType::kInt64: return "int64";
+    case ScalarType::kUInt8: return "uint8";
+    case ScalarType::kFloat8E4m3: return "float8_e4m3fn";
+    default: return "an unsupported dtype";
+  }
+}
+
+KvFormat parse_kv_cache_dtype(const std::string& s, const TensorDesc& kv_cache) {
+  if (s == "auto") {
+    if (kv_cache.dtype == ScalarType::kBFloat16) return KvFormat::kBFloat16;
+    if (kv_cache.dtype == ScalarType::kFloat16) return KvFormat::kFloat16;
+    fail("kv_cache_dtype 'auto' needs a bfloat16 or float16 kv_cache, got ",
+         scalar_type_name(kv_cache.dtype));
+  }
+  if (s == "bfloat16" || s == "bf16") return KvFormat::kBFloat16;
+  if (s == "float16" || s == "half" || s == "fp16") return KvFormat::kFloat16;
+  if (s == "fp8" || s == "fp8_e4m3") return KvFormat::kFp8E4m3;
+  if (s == "fp8_ds_mla") return KvFormat::kFp8DsMla;
+  fail("kv_cache_dtype must be one of auto, bfloat16, float16, fp8, fp8_e4m3, fp8_ds_mla; got '", s, "'");
+}
+
+SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes) {
+  const int num_tiles = (topk + kBlockN - 1) / kBlockN;
+  const int64_t base_blocks = static_cast<int64_t>(num_tokens) * ((num_heads + kBlockH - 1) / kBlockH);
+  SplitPlan plan{1, std::max(num_tiles, 1)};
+  if (num_sms <= 0 || base_blocks >= num_sms || num_tiles < 2 * kMinTilesPerSplit) return plan;
+  const int64_t target = static_cast<int64_t>(kTargetBlocksPerSm) * num_sms;
+  int splits = static_cast<int>(std::min<int64_t>((target + base_blocks - 1) / base_blocks, kMaxSplits));
+  splits = std::min(splits, num_tiles / kMinTilesPerSplit);
+  // Partial results: [splits, T, H, 512] + [splits, T, H] fp32.
+  const int64_t per_split = static_cast<int64_t>(num_tokens) * num_heads * (kHeadSizeV + 1) * 4;
+  splits = static_cast<int>(std::min<int64_t>(splits, workspace_bytes / per_split));
+  if (splits <= 1) return plan;
+  plan.tiles_per_split = (num_tiles + splits - 1) / splits;
+  plan.num_splits = (num_tiles + plan.tiles_per_split - 1) / plan.tiles_per_split;
+  return plan;
+}
+
+int64_t workspace_size(int num_sms) {
+  // A split launch has at most target + base < (kTargetBlocksPerSm + 1) * num_sms blocks of
+  // kBlockH heads each.
+  return static_cast<int64_t>(kTargetBlocksPerSm + 1) * num_sms * kBlockH * (kHeadSizeV + 1) * 4;
+}
+
+SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_cuda, int num_sms) {
+  DeviceCheck same_device(require_cuda);
+  // q (and q_pe): [T, H, D] or [T, H, 512] + [T, H, 64].
+  require_defined(a.q, "q");
+  require_dim(a.q, "q", 3, "[num_tokens, num_heads, head_size]");
+  const DType dtype = element_dtype(a.q);
+  const int64_t T = a.q.sizes[0], H = a.q.sizes[1];
+  if (H < 1 || H > kMaxNumHeads) fail("q.shape[1] (num_heads) must be in 1..", kMaxNumHeads, ", got ", H);
+  int64_t head_size = a.q.sizes[2];
+  if (a.q_pe.defined) {
+    require_size(a.q, "q", 2, kKvLoraRank, "kv_lora_rank when q_pe is given");
+    require_dim(a.q_pe, "q_pe", 3, "[num_tokens, num_heads, qk_rope_head_dim]");
+    require_dtype(a.q_pe, "q_pe", a.q.dtype);
+    require_size(a.q_pe, "q_pe", 0, T, "num_tokens of q");
+    require_size(a.q_pe, "q_pe", 1, H, "num_heads of q");
+    require_size(a.q_pe, "q_pe", 2, kQkRopeHeadDim, "qk_rope_head_dim");
+    require_vector_rows(a.q_pe, "q_pe");
+    head_size += kQkRopeHeadDim;
+  } else if (head_size != kHeadSizeNoPE && head_size != kHeadSizeRoPE) {
+    fail("q.shape[2] (head_size) must be 512 or 576, got ", head_size);
+  }
+  require_vector_rows(a.q, "q");
+  same_device(a.q, "q");
+  same_device(a.q_pe, "q_pe");
+
+  const KvFormat format = parse_kv_cache_dtype(a.kv_cache_dtype, a.kv_cache);
+  const int64_t num_kv_rows = check_kv_cache(a.kv_cache, format, static_cast<int>(head_size));
+  same_device(a.kv_cache, "kv_cache");
+  check_k_scale(a.k_scale);
+  if (a.k_scale.defined && format != KvFormat::kFp8E4m3)
+    fail("k_scale is only used with kv_cache_dtype fp8 / fp8_e4m3");
+  same_device(a.k_scale, "k_scale");
+
+  require_defined(a.indices, "indices");
+  require_dim(a.indices, "indices", 2, "[num_tokens, topk]");
+  require_dtype(a.indices, "indices", ScalarType::kInt32);
+  require_size(a.indices, "indices", 0, T, "num_tokens of q");
+  if (a.indices.strides[1] != 1 && a.indices.sizes[1] > 1)
+    fail("indices must have a contiguous last dim (stride 1), got stride ", a.indices.strides[1]);
+  same_device(a.indices, "indices");
+  const int64_t topk = a.topk < 0 ? a.indices.sizes[1] : a.topk;
+  if (topk < 1) fail("topk must be >= 1, got ", topk);
+  if (topk > a.indices.sizes[1])
+    fail("topk (", topk, ") must be <= indices.shape[1] (", a.indices.sizes[1], ")");
+  if (topk > (int64_t{1} << 30)) fail("topk must be < 2^30, got ", topk);
+
+  if (a.topk_len.defined) {
+    require_dim(a.topk_len, "topk_len", 1, "[num_tokens]");
+    require_dtype(a.topk_len, "topk_len", ScalarType::kInt32);
+    require_size(a.topk_len, "topk_len", 0, T, "num_tokens of q");
+    if (a.topk_len.strides[0] != 1 && T > 1) fail("topk_len must be contiguous");
+    same_device(a.topk_len, "topk_len");
+  }
+
+  require_defined(a.out, "out");
+  require_dim(a.out, "out", 3, "[num_tokens, num_heads, 512]");
+  require_dtype(a.out, "out", a.q.dtype);
+  require_size(a.out, "out", 0, T, "num_tokens of q");
+  require_size(a.out, "out", 1, H, "num_heads of q");
+  require_size(a.out, "out", 2, kHeadSizeV, "kv_lora_rank");
+  require_vector_rows(a.out, "out");
+  same_device(a.out, "out");
+
+  require_defined(a.lse, "lse");
+  require_dim(a.lse, "lse", 2, "[num_tokens, num_heads]");
+  require_dtype(a.lse, "lse", ScalarType::kFloat32);
+  require_size(a.lse, "lse", 0, T, "num_tokens of q");
+  require_size(a.lse, "lse", 1, H, "num_heads of q");
+  same_device(a.lse, "lse");
+
+  int64_t workspace_bytes = 0;
+  if (a.workspace.defined) {
+    require_dtype(a.workspace, "workspace", ScalarType::kUInt8);
+    require_dim(a.workspace, "workspace", 1, "[bytes]");
+    if (a.workspace.strides[0] != 1) fail("workspace must be contiguous");
+    if (!aligned16(a.workspace.data)) fail("workspace must start at a 16-byte aligned address");
+    same_device(a.workspace, "workspace");
+    workspace_bytes = a.workspace.sizes[0];
+  }
+  if (!std::isfinite(a.sm_scale)) fail("sm_scale must be finite, got ", a.sm_scale);
+
+  SparseMlaFwdLaunch launch{};
+  launch.dtype = dtype;
+  launch.format = format;
+  launch.empty = T == 0;
+  SparseMlaFwdParams& p = launch.params;
+  p.q_nope = a.q.data;
+  p.q_nope_stride_t = a.q.strides[0];
+  p.q_nope_stride_h = a.q.strides[1];
+  p.q_nope_dim = static_cast<int>(a.q.sizes[2]);
+  if (a.q_pe.defined) {
+    p.q_pe = a.q_pe.data;
+    p.q_pe_stride_t = a.q_pe.strides[0];
+    p.q_pe_stride_h = a.q_pe.strides[1];
+  }
+  p.kv = static_cast<const uint8_t*>(a.kv_cache.data);
+  p.kv_row_stride = a.kv_cache.strides[a.kv_cache.dim - 2] * a.kv_cache.element_size;
+  p.num_kv_rows = num_kv_rows;
+  p.k_scale = a.k_scale.defined ? static_cast<const float*>(a.k_scale.data) : nullptr;
+  p.indices = static_cast<const int32_t*>(a.indices.data);
+  p.indices_stride_t = a.indices.strides[0];
+  p.topk_len = a.topk_len.defined ? static_cast<const int32_t*>(a.topk_len.data) : nullptr;
+  p.topk = static_cast<int>(topk);
+  p.out = const_cast<void*>(a.out.data);
+  p.out_stride_t = a.out.strides[0];
+  p.out_stride_h = a.out.strides[1];
+  p.lse = static_cast<float*>(const_cast<void*>(a.lse.data));
+  p.lse_stride_t = a.lse.strides[0];
+  p.lse_stride_h = a.lse.strides[1];
+  p.num_tokens = static_cast<int>(T);
+  p.num_heads = static_cast<int>(H);
+  p.head_size = static_cast<int>(head_size);
+  p.sm_scale = a.sm_scale;
+  p.sm_scale_log2 = a.sm_scale * 1.4426950408889634f;
+  if (T > (int64_t{1} << 30) / ((H + kBlockH - 1) / kBlockH)) fail("q.shape[0] (num_tokens) is too large");
+  const SplitPlan split = plan_splits(p.num_tokens, p.num_heads, p.topk, num_sms, workspace_bytes);
+  p.num_splits = split.num_splits;
+  p.tiles_per_split = split.tiles_per_split;
+  if (p.num_splits > 1) {
+    float* ws = static_cast<float*>(const_cast<void*>(a.workspace.data));
+    p.partial_out = ws;
+    p.partial_lse = ws + static_cast<int64_t>(p.num_splits) * T * H * kHeadSizeV;
+  }
+  return launch;
+}
+
+ConcatAndCacheLaunch check_concat_and_cache(const ConcatAndCacheArgs& a, bool require_cuda) {
+  DeviceCheck same_device(require_cuda);
+  require_defined(a.kv_c, "kv_c");
+  require_dim(a.kv_c, "kv_c", 2, "[num_tokens, kv_lora_rank]");
+  ConcatAndCacheLaunch launch{};
+  if (a.kv_c.dtype == ScalarType::kBFloat16) launch.dtype = DType::kBFloat16;
+  else if (a.kv_c.dtype == ScalarType::kFloat16) launch.dtype = DType::kFloat16;
+  else fail("kv_c must be bfloat16 or float16, got ", scalar_type_name(a.kv_c.dtype));
+  const int64_t T = a.kv_c.sizes[0];
+  require_size(a.kv_c, "kv_c", 1, kKvLoraRank, "kv_lora_rank");
+  require_vector_rows(a.kv_c, "kv_c");
+  same_device(a.kv_c, "kv_c");
+  launch.head_size = kHeadSizeNoPE;
+  if (a.k_pe.defined) {
+    require_dim(a.k_pe, "k_pe", 2, "[num_tokens, qk_rope_head_dim]");
+    require_dtype(a.k_pe, "k_pe", a.kv_c.dtype);
+    require_size(a.k_pe, "k_pe", 0, T, "num_tokens of kv_c");
+    require_size(a.k_pe, "k_pe", 1, kQkRopeHeadDim, "qk_rope_head_dim");
+    require_vector_rows(a.k_pe, "k_pe");
+    same_device(a.k_pe, "k_pe");
+    launch.head_size = kHeadSizeRoPE;
+  }
+  launch.format = parse_kv_cache_dtype(a.kv_cache_dtype, a.kv_cache);
+  check_kv_cache(a.kv_cache, launch.format, launch.head_size);
+  same_device(a.kv_cache, "kv_cache");
+  require_defined(a.slot_mapping, "slot_mapping");
+  require_dim(a.slot_mapping, "slot_mapping", 1, "[num_tokens]");
+  require_dtype(a.slot_mapping, "slot_mapping", ScalarType::kInt64);
+  require_size(a.slot_mapping, "slot_mapping", 0, T, "num_tokens of kv_c");
+  same_device(a.slot_mapping, "slot_mapping");
+  check_k_scale(a.k_scale);
+  same_device(a.k_scale, "k_scale");
+  return launch;
+}
+
+}  // namespace sparse_mla

@@ -1,0 +1,88 @@
+// Host API of the sparse-MLA forward and of the cache writer: every precondition of the entry
+// points in one place, checked before any launch (SPEC §3.3). Framework-free: the torch binding
+// describes its tensors with TensorDesc, and the GoogleTest suite drives the same checks.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "formats.h"
+#include "params.h"
+
+namespace sparse_mla {
+
+// Element type of a tensor as the checks see it.
+enum class ScalarType { kBFloat16, kFloat16, kFloat32, kInt32, kInt64, kUInt8, kFloat8E4m3, kOther };
+const char* scalar_type_name(ScalarType t);
+
+// What the checks need to know of a tensor. `defined == false` is an absent optional.
+struct TensorDesc {
+  bool defined = false;
+  const void* data = nullptr;
+  ScalarType dtype = ScalarType::kOther;
+  int dim = 0;
+  int64_t sizes[4] = {0, 0, 0, 0};
+  int64_t strides[4] = {0, 0, 0, 0};  // in elements
+  bool is_cuda = false;
+  int device_index = -1;
+  int64_t element_size = 0;  // bytes
+};
+
+// A bad argument: the message names the argument and what was expected.
+class ArgumentError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// Parses a vLLM kv_cache_dtype string ("auto" resolves from the cache tensor's dtype).
+KvFormat parse_kv_cache_dtype(const std::string& kv_cache_dtype, const TensorDesc& kv_cache);
+
+struct SparseMlaFwdArgs {
+  TensorDesc q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, workspace;
+  float sm_scale = 0.f;
+  int64_t topk = -1;  // -1: indices.size(1)
+  std::string kv_cache_dtype = "auto";
+};
+
+// The validated launch: parameters plus the configuration to dispatch.
+struct SparseMlaFwdLaunch {
+  SparseMlaFwdParams params;
+  DType dtype;
+  KvFormat format;
+  bool empty;  // no query tokens: nothing to launch
+};
+
+// Checks every argument (shapes, dtypes, devices, alignment, supported H and D, topk >= 1) and
+// throws ArgumentError naming the first bad one. `require_cuda`: all tensors on one CUDA device
+// (the kernel path); otherwise all on one device of any kind (the CPU reference path).
+// num_sms sizes the split of the top-k axis (ignored without a workspace).
+SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& args, bool require_cuda, int num_sms);
+
+// Split of the top-k axis across blocks for a launch of num_tokens x num_heads (flash-decoding):
+// split only when the un-split grid would leave SMs idle, keep >= kMinTilesPerSplit tiles per
+// split, and never need more workspace than `workspace_bytes`.
+struct SplitPlan {
+  int num_splits;
+  int tiles_per_split;
+};
+SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes);
+constexpr int kMinTilesPerSplit = 2;
+constexpr int kMaxSplits = 64;
+constexpr int kTargetBlocksPerSm = 2;
+
+// Workspace bytes that cover every split plan on a device with num_sms SMs.
+int64_t workspace_size(int num_sms);
+
+struct ConcatAndCacheArgs {
+  TensorDesc kv_c, k_pe, kv_cache, slot_mapping, k_scale;
+  std::string kv_cache_dtype = "auto";
+};
+struct ConcatAndCacheLaunch {
+  KvFormat format;
+  int head_size;
+  DType dtype;  // of kv_c / k_pe
+};
+ConcatAndCacheLaunch check_concat_and_cache(const ConcatAndCacheArgs& args, bool require_cuda);
+
+}  // namespace sparse_mla

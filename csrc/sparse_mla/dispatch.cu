@@ -1,0 +1,20 @@
+// Run-time (dtype, format, head_size) -> the instantiated kernel configuration.
+#include "kernel_traits.h"
+#include "launch.h"
+#include "static_switch.h"
+
+namespace sparse_mla {
+
+cudaError_t dispatch_sparse_mla_fwd(const SparseMlaFwdParams& p, DType dtype, KvFormat format,
+                                    cudaStream_t stream) {
+  if (p.head_size != kHeadSizeNoPE && p.head_size != kHeadSizeRoPE) return cudaErrorInvalidValue;
+  return SPARSE_MLA_DTYPE_SWITCH(dtype, Element, [&] {
+    return SPARSE_MLA_FORMAT_SWITCH(format, kFormat, [&] {
+      return SPARSE_MLA_HEADDIM_SWITCH(p.head_size, kHeadDim, [&] {
+        return run_sparse_mla_fwd<SparseMlaFwdTraits<Element, kFormat, kHeadDim>>(p, stream);
+      });
+    });
+  });
+}
+
+}  // namespace sparse_mla

@@ -1,0 +1,49 @@
+// Parameters of the sparse-MLA forward kernels: plain pointers, strides in elements, sizes.
+// Nothing framework-specific: the torch binding fills this from tensors (api.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace sparse_mla {
+
+struct SparseMlaFwdParams {
+  // q = [q_nope | q_pe]: q_nope [T, H, 512 or D]; q_pe [T, H, R] or null (q_nope holds all of D).
+  const void* q_nope;
+  const void* q_pe;
+  int64_t q_nope_stride_t, q_nope_stride_h;
+  int64_t q_pe_stride_t, q_pe_stride_h;
+  int q_nope_dim;  // columns taken from q_nope (512, or D when q_pe is null)
+
+  // Cache rows, `kv_row_stride` bytes apart; row r at kv + r * kv_row_stride.
+  const uint8_t* kv;
+  int64_t kv_row_stride;  // bytes
+  int64_t num_kv_rows;
+  const float* k_scale;  // fp8_e4m3 per-tensor scale (device pointer), else null
+
+  // indices [T, topk_stride] int32 physical rows; optional topk_len [T].
+  const int32_t* indices;
+  int64_t indices_stride_t;
+  const int32_t* topk_len;
+  int topk;
+
+  // out [T, H, 512] (q's dtype), lse [T, H] fp32.
+  void* out;
+  int64_t out_stride_t, out_stride_h;
+  float* lse;
+  int64_t lse_stride_t, lse_stride_h;
+
+  int num_tokens;
+  int num_heads;
+  int head_size;   // D: 512 or 576
+  float sm_scale;
+  float sm_scale_log2;  // sm_scale * log2(e): the kernel works in base 2
+
+  // Split of the top-k axis across blocks (flash-decoding). num_splits == 1 writes out/lse
+  // directly; otherwise partial results go to the workspace and a combine kernel merges them.
+  int num_splits;
+  int tiles_per_split;     // KV tiles of kBlockN rows per split
+  float* partial_out;      // [num_splits, T, H, 512] fp32, normalised by the split's sum
+  float* partial_lse;      // [num_splits, T, H] fp32, natural log; -inf for an empty split
+};
+
+}  // namespace sparse_mla

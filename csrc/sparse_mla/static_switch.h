@@ -1,0 +1,52 @@
+// Run-time value -> compile-time constant, for the dispatch (after FlashAttention-2's
+// static_switch.h). Each macro runs its lambda with the constant bound to the given name.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "formats.h"
+
+#define SPARSE_MLA_DTYPE_SWITCH(DTYPE, NAME, ...)                  \
+  [&] {                                                           \
+    if ((DTYPE) == ::sparse_mla::DType::kBFloat16) {              \
+      using NAME = __nv_bfloat16;                                 \
+      return __VA_ARGS__();                                       \
+    } else {                                                      \
+      using NAME = __half;                                        \
+      return __VA_ARGS__();                                       \
+    }                                                             \
+  }()
+
+#define SPARSE_MLA_FORMAT_SWITCH(FORMAT, NAME, ...)                                  \
+  [&] {                                                                             \
+    switch (FORMAT) {                                                               \
+      case ::sparse_mla::KvFormat::kBFloat16: {                                     \
+        constexpr ::sparse_mla::KvFormat NAME = ::sparse_mla::KvFormat::kBFloat16;  \
+        return __VA_ARGS__();                                                       \
+      }                                                                             \
+      case ::sparse_mla::KvFormat::kFloat16: {                                      \
+        constexpr ::sparse_mla::KvFormat NAME = ::sparse_mla::KvFormat::kFloat16;   \
+        return __VA_ARGS__();                                                       \
+      }                                                                             \
+      case ::sparse_mla::KvFormat::kFp8E4m3: {                                      \
+        constexpr ::sparse_mla::KvFormat NAME = ::sparse_mla::KvFormat::kFp8E4m3;   \
+        return __VA_ARGS__();                                                       \
+      }                                                                             \
+      default: {                                                                    \
+        constexpr ::sparse_mla::KvFormat NAME = ::sparse_mla::KvFormat::kFp8DsMla;  \
+        return __VA_ARGS__();                                                       \
+      }                                                                             \
+    }                                                                               \
+  }()
+
+#define SPARSE_MLA_HEADDIM_SWITCH(HEAD_SIZE, NAME, ...)       \
+  [&] {                                                      \
+    if ((HEAD_SIZE) == ::sparse_mla::kHeadSizeRoPE) {        \
+      constexpr int NAME = ::sparse_mla::kHeadSizeRoPE;      \
+      return __VA_ARGS__();                                  \
+    } else {                                                 \
+      constexpr int NAME = ::sparse_mla::kHeadSizeNoPE;      \
+      return __VA_ARGS__();                                  \
+    }                                                        \
+  }()

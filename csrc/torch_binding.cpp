@@ -1,0 +1,192 @@
+// PyTorch ops over the kernel library: torch.ops.sparse_mla_bw.* (SPEC §2 item 2).
+// Tensors are described to the framework-free host API (sparse_mla/api.h), which checks every
+// argument before anything is launched; this file only translates types and errors.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <vector>
+
+#include "sparse_mla/api.h"
+#include "sparse_mla/cache_write.h"
+#include "sparse_mla/launch.h"
+
+namespace {
+
+using sparse_mla::ScalarType;
+using sparse_mla::TensorDesc;
+
+ScalarType to_scalar_type(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16: return ScalarType::kBFloat16;
+    case at::kHalf: return ScalarType::kFloat16;
+    case at::kFloat: return ScalarType::kFloat32;
+    case at::kInt: return ScalarType::kInt32;
+    case at::kLong: return ScalarType::kInt64;
+    case at::kByte: return ScalarType::kUInt8;
+    case at::kFloat8_e4m3fn: return ScalarType::kFloat8E4m3;
+    default: return ScalarType::kOther;
+  }
+}
+
+TensorDesc describe(const at::Tensor& t) {
+  TensorDesc d;
+  d.defined = t.defined();
+  if (!d.defined) return d;
+  TORCH_CHECK_VALUE(t.dim() <= 4, "tensors of more than 4 dims are not accepted, got ", t.sizes());
+  d.data = t.data_ptr();
+  d.dtype = to_scalar_type(t.scalar_type());
+  d.dim = static_cast<int>(t.dim());
+  for (int i = 0; i < d.dim; ++i) {
+    d.sizes[i] = t.size(i);
+    d.strides[i] = t.stride(i);
+  }
+  d.is_cuda = t.is_cuda();
+  d.device_index = t.is_cuda() ? t.get_device() : -1;
+  d.element_size = static_cast<int64_t>(t.element_size());
+  return d;
+}
+
+TensorDesc describe(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? describe(*t) : TensorDesc{};
+}
+
+// ArgumentError -> Python ValueError, with the message naming the argument.
+template <typename F>
+auto checked(F&& f) {
+  try {
+    return f();
+  } catch (const sparse_mla::ArgumentError& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+}
+
+sparse_mla::SparseMlaFwdArgs fwd_args(const at::Tensor& q, const std::optional<at::Tensor>& q_pe,
+                                      const at::Tensor& kv_cache, const at::Tensor& indices,
+                                      const std::optional<at::Tensor>& topk_len,
+                                      const std::optional<at::Tensor>& k_scale, const at::Tensor& out,
+                                      const at::Tensor& lse, const std::optional<at::Tensor>& workspace,
+                                      double sm_scale, int64_t topk, const std::string& kv_cache_dtype) {
+  sparse_mla::SparseMlaFwdArgs a;
+  a.q = describe(q);
+  a.q_pe = describe(q_pe);
+  a.kv_cache = describe(kv_cache);
+  a.indices = describe(indices);
+  a.topk_len = describe(topk_len);
+  a.k_scale = describe(k_scale);
+  a.out = describe(out);
+  a.lse = describe(lse);
+  a.workspace = describe(workspace);
+  a.sm_scale = static_cast<float>(sm_scale);
+  a.topk = topk;
+  a.kv_cache_dtype = kv_cache_dtype;
+  return a;
+}
+
+void sparse_mla_fwd_cuda(const at::Tensor& q, const std::optional<at::Tensor>& q_pe,
+                         const at::Tensor& kv_cache, const at::Tensor& indices,
+                         const std::optional<at::Tensor>& topk_len,
+                         const std::optional<at::Tensor>& k_scale, const at::Tensor& out,
+                         const at::Tensor& lse, const std::optional<at::Tensor>& workspace,
+                         double sm_scale, int64_t topk, const std::string& kv_cache_dtype) {
+  const auto args = fwd_args(q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, workspace,
+                             sm_scale, topk, kv_cache_dtype);
+  TORCH_CHECK_VALUE(q.is_cuda(), "q must be a CUDA tensor");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const int num_sms = at::cuda::getDeviceProperties(q.get_device())->multiProcessorCount;
+  const auto launch = checked([&] { return sparse_mla::plan_sparse_mla_fwd(args, true, num_sms); });
+  if (launch.empty) return;
+  const cudaError_t err = sparse_mla::dispatch_sparse_mla_fwd(
+      launch.params, launch.dtype, launch.format, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "sparse_mla_fwd launch failed: ", cudaGetErrorString(err));
+}
+
+void check_sparse_mla_fwd(const at::Tensor& q, const std::optional<at::Tensor>& q_pe,
+                          const at::Tensor& kv_cache, const at::Tensor& indices,
+                          const std::optional<at::Tensor>& topk_len,
+                          const std::optional<at::Tensor>& k_scale, const at::Tensor& out,
+                          const at::Tensor& lse, double sm_scale, int64_t topk,
+                          const std::string& kv_cache_dtype) {
+  const auto args = fwd_args(q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, std::nullopt,
+                             sm_scale, topk, kv_cache_dtype);
+  checked([&] { return sparse_mla::plan_sparse_mla_fwd(args, false, 0); });
+}
+
+sparse_mla::ConcatAndCacheArgs cache_args(const at::Tensor& kv_c, const std::optional<at::Tensor>& k_pe,
+                                          const at::Tensor& kv_cache, const at::Tensor& slot_mapping,
+                                          const std::optional<at::Tensor>& k_scale,
+                                          const std::string& kv_cache_dtype) {
+  sparse_mla::ConcatAndCacheArgs a;
+  a.kv_c = describe(kv_c);
+  a.k_pe = describe(k_pe);
+  a.kv_cache = describe(kv_cache);
+  a.slot_mapping = describe(slot_mapping);
+  a.k_scale = describe(k_scale);
+  a.kv_cache_dtype = kv_cache_dtype;
+  return a;
+}
+
+void concat_and_cache_cuda(const at::Tensor& kv_c, const std::optional<at::Tensor>& k_pe,
+                           const at::Tensor& kv_cache, const at::Tensor& slot_mapping,
+                           const std::optional<at::Tensor>& k_scale, const std::string& kv_cache_dtype) {
+  const auto args = cache_args(kv_c, k_pe, kv_cache, slot_mapping, k_scale, kv_cache_dtype);
+  const auto launch = checked([&] { return sparse_mla::check_concat_and_cache(args, true); });
+  const c10::cuda::CUDAGuard guard(kv_c.device());
+  sparse_mla::ConcatAndCacheParams p{};
+  p.kv_c = kv_c.data_ptr();
+  p.kv_c_stride = kv_c.stride(0);
+  p.k_pe = k_pe.has_value() ? k_pe->data_ptr() : nullptr;
+  p.k_pe_stride = k_pe.has_value() ? k_pe->stride(0) : 0;
+  p.kv_cache = static_cast<uint8_t*>(kv_cache.data_ptr());
+  p.kv_row_stride = kv_cache.stride(kv_cache.dim() - 2) * kv_cache.element_size();
+  p.slot_mapping = slot_mapping.data_ptr<int64_t>();
+  p.k_scale = k_scale.has_value() ? k_scale->data_ptr<float>() : nullptr;
+  p.num_tokens = static_cast<int>(kv_c.size(0));
+  const cudaError_t err = sparse_mla::launch_concat_and_cache(p, launch.dtype, launch.format,
+                                                              at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "concat_and_cache_sparse_mla launch failed: ", cudaGetErrorString(err));
+}
+
+void check_concat_and_cache(const at::Tensor& kv_c, const std::optional<at::Tensor>& k_pe,
+                            const at::Tensor& kv_cache, const at::Tensor& slot_mapping,
+                            const std::optional<at::Tensor>& k_scale, const std::string& kv_cache_dtype) {
+  const auto args = cache_args(kv_c, k_pe, kv_cache, slot_mapping, k_scale, kv_cache_dtype);
+  checked([&] { return sparse_mla::check_concat_and_cache(args, false); });
+}
+
+int64_t workspace_size(int64_t num_sms) { return sparse_mla::workspace_size(static_cast<int>(num_sms)); }
+
+std::vector<int64_t> format_constants() {
+  return {sparse_mla::kKvLoraRank,       sparse_mla::kQkRopeHeadDim,    sparse_mla::kHeadSizeV,
+          sparse_mla::kMaxNumHeads,      sparse_mla::kSmemBudgetBytes,  sparse_mla::kDsMlaRecordBytes,
+          sparse_mla::kDsMlaScaleOffset, sparse_mla::kDsMlaRopeOffset, sparse_mla::kDsMlaTile};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(sparse_mla_bw, m) {
+  m.def(
+      "sparse_mla_fwd(Tensor q, Tensor? q_pe, Tensor kv_cache, Tensor indices, Tensor? topk_len, "
+      "Tensor? k_scale, Tensor(a!) out, Tensor(b!) lse, Tensor(c!)? workspace, float sm_scale, "
+      "int topk, str kv_cache_dtype) -> ()");
+  m.def(
+      "check_sparse_mla_fwd(Tensor q, Tensor? q_pe, Tensor kv_cache, Tensor indices, "
+      "Tensor? topk_len, Tensor? k_scale, Tensor out, Tensor lse, float sm_scale, int topk, "
+      "str kv_cache_dtype) -> ()",
+      &check_sparse_mla_fwd);
+  m.def(
+      "concat_and_cache_sparse_mla(Tensor kv_c, Tensor? k_pe, Tensor(a!) kv_cache, "
+      "Tensor slot_mapping, Tensor? k_scale, str kv_cache_dtype) -> ()");
+  m.def(
+      "check_concat_and_cache_sparse_mla(Tensor kv_c, Tensor? k_pe, Tensor kv_cache, "
+      "Tensor slot_mapping, Tensor? k_scale, str kv_cache_dtype) -> ()",
+      &check_concat_and_cache);
+  m.def("workspace_size(int num_sms) -> int", &workspace_size);
+  m.def("format_constants() -> int[]", &format_constants);
+}
+
+TORCH_LIBRARY_IMPL(sparse_mla_bw, CUDA, m) {
+  m.impl("sparse_mla_fwd", &sparse_mla_fwd_cuda);
+  m.impl("concat_and_cache_sparse_mla", &concat_and_cache_cuda);
+}

@@ -1,0 +1,206 @@
+"""Inputs of the correctness case matrix (SPEC §5): one function builds a paged, NaN-poisoned cache
+and the index tensor for a case, so that ``verify`` and the GPU tests draw the same kind of data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from vllm_sparse_mla_blackwell import formats, reference
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+SM_SCALES = (0.135234, 1.0 / 16)
+INT32_MIN = -(2**31)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One point of the matrix. ``masking``: none | random | causal | all_masked | invalid | topk_len."""
+
+    head_size: int = 576
+    num_heads: int = 16
+    topk: int = 2048
+    num_tokens: int = 7
+    q_dtype: str = "bf16"
+    kv_cache_dtype: str = "bf16"
+    masking: str = "none"
+    block_size: int = 64
+    layout: str = "contiguous"  # contiguous | strided | split_q (q as ql_nope + q_pe)
+    sm_scale: float = SM_SCALES[0]
+    index_width: int = 0  # indices buffer wider than topk when > topk (vLLM's 2176 buffers)
+    seed: int = 0
+
+    def label(self) -> str:
+        return (f"D{self.head_size} H{self.num_heads} topk{self.topk} T{self.num_tokens} "
+                f"{self.q_dtype}/{self.kv_cache_dtype} {self.masking} bs{self.block_size} "
+                f"{self.layout} s{self.sm_scale:.4g}")
+
+
+@dataclasses.dataclass
+class CaseInputs:
+    q: torch.Tensor          # [T, H, D] or ql_nope [T, H, 512] when q_pe is set
+    q_pe: torch.Tensor | None
+    kv_cache: torch.Tensor   # [num_blocks, block_size, W]
+    kv_cache_dtype: str      # vLLM string passed to the op
+    k_scale: torch.Tensor | None
+    indices: torch.Tensor    # int32 [T, index_width]
+    topk_len: torch.Tensor | None
+    out: torch.Tensor        # NaN-poisoned output, possibly a strided view
+    kv_rows: torch.Tensor    # fp32 dequantised rows [num_rows, D], NaN where unreferenced
+
+
+_KV_OP_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8_e4m3": "fp8_e4m3", "fp8_ds_mla": "fp8_ds_mla"}
+
+
+def make_inputs(case: Case, device: torch.device | str) -> CaseInputs:
+    """Random inputs for a case: fresh values per seed, shuffled block table, unreferenced cache
+    rows set to NaN (bytes 0xFF for fp8), output poisoned with NaN."""
+    gen = torch.Generator(device="cpu").manual_seed(hash((case, "inputs")) % (2**31))
+    T, H, D, topk = case.num_tokens, case.num_heads, case.head_size, case.topk
+    width = max(case.index_width, topk)
+    dtype = DTYPES[case.q_dtype]
+    # Logical context per token, longer than topk so that every token picks a strict subset.
+    context = max(2 * topk, 64)
+    bs = case.block_size
+    num_blocks = math.ceil(context / bs) + 8  # spare blocks stay unreferenced (NaN)
+    num_rows = num_blocks * bs
+    block_table = torch.randperm(num_blocks, generator=gen)[: math.ceil(context / bs)]
+
+    # Distinct logical positions per token, mapped through the block table to physical rows.
+    logical = torch.argsort(torch.rand(T, context, generator=gen), dim=1)[:, :topk]
+    physical = (block_table[logical // bs] * bs + logical % bs).to(torch.int32)
+    indices = torch.full((T, width), -1, dtype=torch.int32)
+    indices[:, :topk] = physical
+    topk_len = None
+    if case.masking == "random":
+        indices[:, :topk][torch.rand(T, topk, generator=gen) < 0.3] = -1
+    elif case.masking == "causal":
+        # Token t sees the first t+1 slots (a causal prefix of the sequence), at most topk.
+        lengths = torch.arange(1, T + 1).clamp(max=topk)
+        indices[torch.arange(width)[None, :] >= lengths[:, None]] = -1
+    elif case.masking == "all_masked":
+        indices[::2] = -1  # every other token has no valid slot at all
+    elif case.masking == "invalid":
+        r = torch.rand(T, topk, generator=gen)
+        sl = indices[:, :topk]
+        sl[r < 0.1] = -1
+        sl[(r >= 0.1) & (r < 0.2)] = INT32_MIN
+        sl[(r >= 0.2) & (r < 0.3)] = num_rows
+        sl[(r >= 0.3) & (r < 0.35)] = 2**31 - 1
+        indices[T // 2] = INT32_MIN  # one token entirely invalid
+    elif case.masking == "topk_len":
+        topk_len = torch.randint(0, topk + 1, (T,), generator=gen, dtype=torch.int32)
+    # Columns past topk (a wider buffer) hold real-looking rows: the kernel must ignore them.
+    if width > topk:
+        indices[:, topk:] = torch.randint(0, num_rows, (T, width - topk), generator=gen, dtype=torch.int32)
+
+    # Cache: random rows, then NaN in every row no valid index refers to.
+    kv_c = torch.randn(num_rows, formats.KV_LORA_RANK, generator=gen)
+    k_pe = torch.randn(num_rows, D - formats.KV_LORA_RANK, generator=gen) if D > formats.KV_LORA_RANK else None
+    valid = reference.valid_index_mask(indices, num_rows, topk, topk_len)
+    referenced = torch.zeros(num_rows, dtype=torch.bool)
+    referenced[indices[:, :topk][valid].long()] = True
+
+    kv_op = _KV_OP_DTYPE[case.kv_cache_dtype]
+    k_scale = None
+    if kv_op in ("bfloat16", "float16"):
+        cache_dtype = DTYPES["bf16" if kv_op == "bfloat16" else "fp16"]
+        rows = torch.cat([kv_c, k_pe], dim=1) if k_pe is not None else kv_c
+        rows = rows.to(cache_dtype)
+        rows[~referenced] = float("nan")
+        kv_cache = rows.view(num_blocks, bs, D)
+    else:
+        width_bytes = formats.kv_row_bytes(kv_op, D)
+        kv_cache = torch.zeros(num_rows, width_bytes, dtype=torch.uint8)
+        if kv_op == "fp8_e4m3":
+            k_scale = torch.tensor([0.5 + torch.rand(1, generator=gen).item()], dtype=torch.float32)
+        slots = torch.arange(num_rows, dtype=torch.int64)
+        reference.write_kv_cache_reference(
+            kv_c.to(dtype), None if k_pe is None else k_pe.to(dtype), kv_cache, slots, kv_op, k_scale
+        )
+        kv_cache[~referenced] = 0xFF  # e4m3 NaN bytes (and NaN scales for fp8_ds_mla)
+        kv_cache = kv_cache.view(num_blocks, bs, width_bytes)
+
+    q = torch.randn(T, H, D, generator=gen).to(dtype)
+    out_shape = (T, H, formats.HEAD_SIZE_V)
+    if case.layout == "strided":
+        # q and out are views into larger buffers: token and head strides differ from dense.
+        q = torch.randn(T, H + 3, D + 64, generator=gen).to(dtype)[:, 1 : H + 1, :D]
+        out = torch.full((T, H + 2, formats.HEAD_SIZE_V + 128), float("nan"), dtype=dtype)[:, :H, 64 : 64 + 512]
+    else:
+        out = torch.full(out_shape, float("nan"), dtype=dtype)
+
+    device = torch.device(device)
+    kv_cache = kv_cache.to(device)
+    kv_rows = reference.dequantize_kv_cache(kv_cache, kv_op, D, None if k_scale is None else k_scale.to(device))
+    q_pe = None
+    q = q.to(device)
+    if case.layout == "split_q" and D > formats.KV_LORA_RANK:
+        q_pe = q[..., formats.KV_LORA_RANK :]  # vLLM passes ql_nope and q_pe separately
+        q = q[..., : formats.KV_LORA_RANK]
+    return CaseInputs(
+        q=q,
+        q_pe=q_pe,
+        kv_cache=kv_cache,
+        kv_cache_dtype=kv_op,
+        k_scale=None if k_scale is None else k_scale.to(device),
+        indices=indices.to(device),
+        topk_len=None if topk_len is None else topk_len.to(device),
+        out=out.to(device) if case.layout != "strided" else _strided_to(out, device),
+        kv_rows=kv_rows,
+    )
+
+
+def _strided_to(view: torch.Tensor, device) -> torch.Tensor:
+    # Move the base buffer so the view keeps its strides on the device.
+    base = view._base if view._base is not None else view
+    moved = base.to(device)
+    return moved.as_strided(view.shape, view.stride(), view.storage_offset())
+
+
+@dataclasses.dataclass
+class CaseResult:
+    case: Case
+    max_rel_err: float
+    min_cosine: float
+    max_lse_err: float
+    masked_exact: bool
+    all_written: bool
+    passed: bool
+    note: str = ""
+
+
+# SPEC §5 bars for every kv cache dtype (fp8 against the dequantised cache).
+MAX_REL_ERR = 4e-3
+MIN_COSINE = 0.999998
+MAX_LSE_ERR = 1e-3
+
+
+def compare(case: Case, inputs: CaseInputs, out: torch.Tensor, lse: torch.Tensor) -> CaseResult:
+    """Compare a kernel result with the fp32 reference on the same inputs (SPEC §5 metrics)."""
+    ref_out, ref_lse = reference.sparse_mla_reference(
+        inputs.q, inputs.kv_rows, inputs.indices, case.sm_scale, topk=case.topk,
+        topk_len=inputs.topk_len, q_pe=inputs.q_pe,
+    )
+    out = out.float()
+    all_written = bool(torch.isfinite(out).all()) and not bool(torch.isnan(lse).any())
+    empty = torch.isinf(ref_lse) & (ref_lse < 0)  # [T, H] rows with no valid slot
+    masked_exact = bool((out[empty] == 0).all()) and bool((lse[empty] == float("-inf")).all())
+    live = ~empty
+    if live.any():
+        o, r = out[live], ref_out[live]
+        diff = (o - r).norm(dim=-1)
+        rnorm = r.norm(dim=-1).clamp_min(1e-30)
+        rel = float((diff / rnorm).max())
+        cos = float(torch.nn.functional.cosine_similarity(o.double(), r.double(), dim=-1).min())
+        lse_err = float((lse[live] - ref_lse[live]).abs().max())
+    else:
+        rel, cos, lse_err = 0.0, 1.0, 0.0
+    if not all_written:
+        rel, cos = float("nan"), float("nan")
+    passed = (all_written and masked_exact and rel <= MAX_REL_ERR and cos >= MIN_COSINE
+              and lse_err <= MAX_LSE_ERR)
+    return CaseResult(case, rel, cos, lse_err, masked_exact, all_written, passed)

@@ -1,0 +1,189 @@
+"""PyTorch ops of the sparse-MLA kernel library (SPEC §2 item 2, §3).
+
+The ops are registered in C++ (``csrc/torch_binding.cpp``) under ``torch.ops.sparse_mla_bw``
+with ``TORCH_LIBRARY``; this module loads that library, adds fake (meta) implementations for
+``torch.compile`` and a CPU implementation (the fp32 reference) so the vLLM backend runs in CPU
+tests, and wraps the ops in functions with keyword arguments.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vllm_sparse_mla_blackwell import formats, reference
+
+NAMESPACE = "sparse_mla_bw"
+
+LIBRARY_PATH = Path(__file__).with_name("_sparse_mla_bw.so")
+
+
+def _load_library() -> Exception | None:
+    # The module has no Python bindings: loading it runs its TORCH_LIBRARY registrations.
+    if not LIBRARY_PATH.exists():
+        return ImportError(f"{LIBRARY_PATH} not found")
+    try:
+        torch.ops.load_library(str(LIBRARY_PATH))
+    except OSError as exc:
+        return exc
+    return None
+
+
+EXTENSION_ERROR: Exception | None = _load_library()
+
+
+def extension_available() -> bool:
+    """True when the compiled op library loaded (it is built by ``pip install .``)."""
+    return EXTENSION_ERROR is None
+
+
+def _ops():
+    if EXTENSION_ERROR is not None:
+        raise RuntimeError(
+            f"the sparse-MLA op library could not be loaded ({EXTENSION_ERROR}); install the "
+            "package with `pip install --no-build-isolation .`"
+        ) from EXTENSION_ERROR
+    return getattr(torch.ops, NAMESPACE)
+
+
+if EXTENSION_ERROR is None:
+
+    @torch.library.register_fake(f"{NAMESPACE}::sparse_mla_fwd")
+    def _sparse_mla_fwd_fake(q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, workspace,
+                             sm_scale, topk, kv_cache_dtype):
+        return None
+
+    @torch.library.register_fake(f"{NAMESPACE}::concat_and_cache_sparse_mla")
+    def _concat_and_cache_fake(kv_c, k_pe, kv_cache, slot_mapping, k_scale, kv_cache_dtype):
+        return None
+
+    @torch.library.impl(f"{NAMESPACE}::sparse_mla_fwd", "CPU")
+    def _sparse_mla_fwd_cpu(q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, workspace,
+                            sm_scale, topk, kv_cache_dtype):
+        # Same argument checks as the CUDA path, then the fp32 reference.
+        torch.ops.sparse_mla_bw.check_sparse_mla_fwd(
+            q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, sm_scale, topk, kv_cache_dtype
+        )
+        head_size = q.shape[-1] + (0 if q_pe is None else q_pe.shape[-1])
+        rows = reference.dequantize_kv_cache(kv_cache, kv_cache_dtype, head_size, k_scale)
+        ref_out, ref_lse = reference.sparse_mla_reference(
+            q, rows, indices, sm_scale, topk=topk if topk > 0 else None, topk_len=topk_len, q_pe=q_pe
+        )
+        out.copy_(ref_out)
+        lse.copy_(ref_lse)
+
+    @torch.library.impl(f"{NAMESPACE}::concat_and_cache_sparse_mla", "CPU")
+    def _concat_and_cache_cpu(kv_c, k_pe, kv_cache, slot_mapping, k_scale, kv_cache_dtype):
+        torch.ops.sparse_mla_bw.check_concat_and_cache_sparse_mla(
+            kv_c, k_pe, kv_cache, slot_mapping, k_scale, kv_cache_dtype
+        )
+        reference.write_kv_cache_reference(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale)
+
+
+_WORKSPACES: dict[int, torch.Tensor] = {}
+
+
+def get_workspace(device: torch.device | int | None = None) -> torch.Tensor:
+    """The split-top-k workspace of a CUDA device: uint8, sized once from its SM count.
+
+    The kernel splits the top-k axis across blocks when there are too few query tokens to fill
+    the GPU (flash-decoding) and combines the partial results through this buffer. Its size
+    depends only on the device, so a buffer made before CUDA-graph capture serves every batch.
+    """
+    device = torch.device("cuda", torch.cuda.current_device() if device is None else
+                          (device if isinstance(device, int) else device.index or 0))
+    ws = _WORKSPACES.get(device.index)
+    if ws is None:
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+        nbytes = _ops().workspace_size(num_sms)
+        ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        _WORKSPACES[device.index] = ws
+    return ws
+
+
+def sparse_mla_fwd(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    *,
+    q_pe: torch.Tensor | None = None,
+    kv_cache_dtype: str = "auto",
+    k_scale: torch.Tensor | None = None,
+    topk: int | None = None,
+    topk_len: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse-MLA attention over ``topk`` gathered cache rows per query token (SPEC §3.1).
+
+    ``out[t,h] = softmax_j(sm_scale * q[t,h]·K(idx[t,j])) @ V(idx[t,j])`` over the valid slots j,
+    with ``K = row[:D]``, ``V = row[:512]`` of the absorbed-MLA cache (DeepSeek-V3.2 paper, §2.1;
+    vLLM ``vllm/v1/attention/backends/mla/flashmla_sparse.py`` for the cache layout).
+
+    Args:
+        q: bf16/fp16 ``[T, H, D]`` with D in {512, 576} and H in 1..128, or the latent part
+            ``[T, H, 512]`` when ``q_pe`` is given. Last dim contiguous, 16-byte aligned rows.
+        kv_cache: ``[num_blocks, block_size, W]`` or ``[num_rows, W]``: bf16/fp16 rows of D values,
+            fp8 e4m3 rows of D bytes (uint8 or float8_e4m3fn), or 656-byte ``fp8_ds_mla`` records.
+        indices: int32 ``[T, >= topk]`` physical row ids (``block_id * block_size + offset``).
+            Values outside ``[0, num_rows)`` are masked and never read.
+        sm_scale: softmax scale (float; e.g. 0.135234 for DeepSeek-V3.2 with YaRN, 1/16 for GLM).
+        q_pe: optional bf16/fp16 ``[T, H, 64]`` rope part of q (vLLM passes q in two parts).
+        kv_cache_dtype: vLLM string: ``auto``, ``bfloat16``, ``float16``, ``fp8``, ``fp8_e4m3``,
+            ``fp8_ds_mla``.
+        k_scale: fp32 tensor with one element, the per-tensor scale of ``fp8``/``fp8_e4m3``.
+        topk: slots per token, default ``indices.shape[1]`` (>= 1).
+        topk_len: optional int32 ``[T]``: slots ``j >= topk_len[t]`` are masked.
+        out: optional ``[T, H, 512]`` output in q's dtype (any strides, last dim contiguous).
+        lse: optional fp32 ``[T, H]`` output, natural-log sum-exp of the valid scaled scores.
+        workspace: optional uint8 buffer of ``workspace_size`` bytes; default one per device
+            from ``get_workspace``.
+
+    Returns:
+        ``(out, lse)``. A token with no valid slot gets ``out = 0``, ``lse = -inf``.
+
+    Raises:
+        ValueError: any bad argument (dtype, rank, shape, device, alignment, unsupported H or
+            D, topk < 1), naming the argument, before any launch; nothing is written then.
+        RuntimeError: the op library is not built, or a CUDA error.
+    """
+    num_tokens, num_heads = q.shape[0], q.shape[1]
+    if out is None:
+        out = torch.empty(num_tokens, num_heads, formats.HEAD_SIZE_V, dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty(num_tokens, num_heads, dtype=torch.float32, device=q.device)
+    if workspace is None and q.is_cuda:
+        workspace = get_workspace(q.device)
+    _ops().sparse_mla_fwd(
+        q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, workspace,
+        float(sm_scale), -1 if topk is None else int(topk), kv_cache_dtype,
+    )
+    return out, lse
+
+
+def concat_and_cache_sparse_mla(
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor | None,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache_dtype: str,
+    k_scale: torch.Tensor | None = None,
+) -> None:
+    """Write new tokens into the sparse-MLA cache (vLLM ``concat_and_cache_mla`` convention).
+
+    Args:
+        kv_c: bf16/fp16 ``[T, 512]`` latent.
+        k_pe: bf16/fp16 ``[T, 64]`` rope part, or ``None`` for NoPE (head_size 512).
+        kv_cache: cache as in ``sparse_mla_fwd``, written in place.
+        slot_mapping: int64 ``[T]`` physical rows; ``-1`` skips a token.
+        kv_cache_dtype: as in ``sparse_mla_fwd``. ``fp8_ds_mla`` scales follow vLLM (per 128
+            values ``amax / 448``); NoPE records get zero rope bytes.
+        k_scale: fp32 one-element tensor for ``fp8``/``fp8_e4m3`` (stored values are ``x / k_scale``).
+
+    Raises:
+        ValueError: bad arguments, naming the argument, before anything is written.
+    """
+    _ops().concat_and_cache_sparse_mla(kv_c, k_pe, kv_cache, slot_mapping, k_scale, kv_cache_dtype)
