@@ -214,7 +214,7 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
     fail("indices must have a contiguous last dim (stride 1), got stride ", a.indices.strides[1]);
   same_device(a.indices, "indices");
   const int64_t topk = a.topk < 0 ? a.indices.sizes[1] : a.topk;
-  if (topk < 1) fail("topk must be >= 1, got ", topk);
+  if (topk < 1) fail("topk must be >= 1, got ", topk, " (the default is indices.shape[1])");
   if (topk > a.indices.sizes[1])
     fail("topk (", topk, ") must be <= indices.shape[1] (", a.indices.sizes[1], ")");
   if (topk > (int64_t{1} << 30)) fail("topk must be < 2^30, got ", topk);

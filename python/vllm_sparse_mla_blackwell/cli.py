@@ -1,0 +1,25 @@
+"""Command line: ``python -m vllm_sparse_mla_blackwell {verify,bench}`` (SPEC §2 item 5)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vllm_sparse_mla_blackwell", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    v = sub.add_parser("verify", help="run the SPEC §5 correctness case matrix on the GPU")
+    v.add_argument("--quick", action="store_true", help="a small subset, for smoke tests")
+    v.add_argument("--no-fp8", action="store_true", help="16-bit KV caches only")
+    v.add_argument("--json", metavar="PATH", help="also write every case's numbers as JSON")
+    args = parser.parse_args(argv)
+    if args.command == "verify":
+        from vllm_sparse_mla_blackwell import verify
+
+        return verify.main(quick=args.quick, json_path=args.json, fp8=not args.no_fp8)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+// GoogleTest suite of the host API (csrc/sparse_mla/api.h): argument checks and split planning.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "api.h"
+
+using namespace sparse_mla;
+
+namespace {
+
+alignas(16) unsigned char g_buffer[64];
+
+TensorDesc tensor(ScalarType dtype, std::initializer_list<int64_t> sizes, int64_t element_size, bool cuda = true,
+                  int device = 0) {
+  TensorDesc t;
+  t.defined = true;
+  t.data = g_buffer;
+  t.dtype = dtype;
+  t.dim = static_cast<int>(sizes.size());
+  int i = 0;
+  for (int64_t s : sizes) t.sizes[i++] = s;
+  int64_t stride = 1;
+  for (int d = t.dim - 1; d >= 0; --d) {
+    t.strides[d] = stride;
+    stride *= t.sizes[d];
+  }
+  t.is_cuda = cuda;
+  t.device_index = cuda ? device : -1;
+  t.element_size = element_size;
+  return t;
+}
+
+SparseMlaFwdArgs good_args(int64_t T = 4, int64_t H = 16, int64_t D = 576, int64_t topk = 2048) {
+  SparseMlaFwdArgs a;
+  a.q = tensor(ScalarType::kBFloat16, {T, H, D}, 2);
+  a.kv_cache = tensor(ScalarType::kBFloat16, {256, 64, D}, 2);
+  a.indices = tensor(ScalarType::kInt32, {T, topk}, 4);
+  a.out = tensor(ScalarType::kBFloat16, {T, H, 512}, 2);
+  a.lse = tensor(ScalarType::kFloat32, {T, H}, 4);
+  a.workspace = tensor(ScalarType::kUInt8, {workspace_size(132)}, 1);
+  a.sm_scale = 0.135234f;
+  return a;
+}
+
+std::string error_of(const SparseMlaFwdArgs& a, bool require_cuda = true) {
+  try {
+    plan_sparse_mla_fwd(a, require_cuda, 132);
+  } catch (const ArgumentError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(SparseMlaFwdChecks, AcceptsGoodArguments) {
+  EXPECT_EQ(error_of(good_args()), "");
+  const auto launch = plan_sparse_mla_fwd(good_args(), true, 132);
+  EXPECT_EQ(launch.params.head_size, 576);
+  EXPECT_EQ(launch.params.num_kv_rows, 256 * 64);
+  EXPECT_EQ(launch.params.kv_row_stride, 576 * 2);
+  EXPECT_EQ(launch.format, KvFormat::kBFloat16);
+}
+
+TEST(SparseMlaFwdChecks, NamesTheBadArgument) {
+  auto a = good_args();
+  a.q.dtype = ScalarType::kFloat32;
+  EXPECT_NE(error_of(a).find("q must be bfloat16 or float16"), std::string::npos);
+
+  a = good_args();
+  a.q.sizes[1] = 129;
+  EXPECT_NE(error_of(a).find("num_heads) must be in 1..128"), std::string::npos);
+
+  a = good_args();
+  a.kv_cache.is_cuda = false;
+  EXPECT_NE(error_of(a).find("kv_cache must be a CUDA tensor"), std::string::npos);
+
+  a = good_args();
+  a.lse.device_index = 1;
+  EXPECT_NE(error_of(a).find("lse must be on the same device as q"), std::string::npos);
+
+  a = good_args();
+  a.kv_cache_dtype = "fp8_ds_mla";
+  a.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 576}, 1);
+  EXPECT_NE(error_of(a).find("kv_cache last dim must be 656"), std::string::npos);
+
+  a = good_args();
+  a.indices.strides[1] = 2;
+  EXPECT_NE(error_of(a).find("indices must have a contiguous last dim"), std::string::npos);
+
+  a = good_args();
+  a.out.data = g_buffer + 4;
+  EXPECT_NE(error_of(a).find("out must start at a 16-byte aligned address"), std::string::npos);
+
+  a = good_args();
+  a.topk = 0;
+  EXPECT_NE(error_of(a).find("topk must be >= 1"), std::string::npos);
+}
+
+TEST(SparseMlaFwdChecks, CpuPathAcceptsCpuTensorsOnly) {
+  auto a = good_args();
+  for (TensorDesc* t : {&a.q, &a.kv_cache, &a.indices, &a.out, &a.lse}) {
+    t->is_cuda = false;
+    t->device_index = -1;
+  }
+  a.workspace = TensorDesc{};
+  EXPECT_EQ(error_of(a, /*require_cuda=*/false), "");
+  EXPECT_NE(error_of(a, /*require_cuda=*/true).find("q must be a CUDA tensor"), std::string::npos);
+}
+
+TEST(SplitPlan, SplitsOnlyWhenTheGridIsSmall) {
+  const int64_t ws = workspace_size(132);
+  // One decode token, 16 heads, topk 2048: 64 tiles -> split to fill the GPU.
+  SplitPlan p = plan_splits(1, 16, 2048, 132, ws);
+  EXPECT_GT(p.num_splits, 1);
+  EXPECT_GE(p.tiles_per_split, kMinTilesPerSplit);
+  EXPECT_GE(p.num_splits * p.tiles_per_split, 64);
+  EXPECT_LT((p.num_splits - 1) * p.tiles_per_split, 64);  // no empty trailing split
+  // Enough blocks already: no split, no combine pass.
+  EXPECT_EQ(plan_splits(4096, 64, 2048, 132, ws).num_splits, 1);
+  EXPECT_EQ(plan_splits(132, 16, 2048, 132, ws).num_splits, 1);
+  // Short top-k: nothing to split.
+  EXPECT_EQ(plan_splits(1, 16, 64, 132, ws).num_splits, 1);
+  // No workspace: no split.
+  EXPECT_EQ(plan_splits(1, 16, 2048, 132, 0).num_splits, 1);
+}
+
+TEST(SplitPlan, WorkspaceCoversEveryPlan) {
+  for (int sms : {20, 48, 84, 132, 188}) {
+    const int64_t ws = workspace_size(sms);
+    for (int T : {1, 2, 3, 7, 16, 64, 100}) {
+      for (int H : {1, 8, 16, 32, 64, 128}) {
+        for (int topk : {1, 100, 2048, 2176, 100000}) {
+          const SplitPlan p = plan_splits(T, H, topk, sms, int64_t{1} << 40);
+          const int64_t need = int64_t{p.num_splits} * T * H * (512 + 1) * 4;
+          EXPECT_LE(p.num_splits == 1 ? 0 : need, ws) << "sms " << sms << " T " << T << " H " << H << " topk " << topk;
+          EXPECT_LE(p.num_splits, kMaxSplits);
+        }
+      }
+    }
+  }
+}
+
+TEST(KvCacheDtype, ParsesVllmNames) {
+  TensorDesc kv = tensor(ScalarType::kFloat16, {1, 576}, 2);
+  EXPECT_EQ(parse_kv_cache_dtype("auto", kv), KvFormat::kFloat16);
+  EXPECT_EQ(parse_kv_cache_dtype("fp8", kv), KvFormat::kFp8E4m3);
+  EXPECT_EQ(parse_kv_cache_dtype("fp8_e4m3", kv), KvFormat::kFp8E4m3);
+  EXPECT_EQ(parse_kv_cache_dtype("fp8_ds_mla", kv), KvFormat::kFp8DsMla);
+  EXPECT_THROW(parse_kv_cache_dtype("fp8_e5m2", kv), ArgumentError);
+  EXPECT_EQ(kv_row_bytes(KvFormat::kFp8DsMla, 512), 656);
+  EXPECT_EQ(kv_row_bytes(KvFormat::kBFloat16, 576), 1152);
+}

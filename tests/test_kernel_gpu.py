@@ -1,0 +1,83 @@
+"""GPU tests of the sparse-MLA kernel (marker ``gpu``; skipped without CUDA). The same case
+builder as ``verify``: fresh random inputs, NaN in unreferenced cache rows, NaN-poisoned outputs,
+fp32 reference, SPEC §5 bars."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_sparse_mla_blackwell import cases, ops, reference, verify
+from vllm_sparse_mla_blackwell.cases import Case
+
+pytestmark = pytest.mark.gpu
+
+QUICK = [c for cs in verify.case_groups(quick=True, kv_dtypes=verify.KV_16BIT + verify.KV_FP8).values() for c in cs]
+
+
+def _check(result):
+    assert result.all_written, "output not fully written (NaN left)"
+    assert result.masked_exact, "rows with no valid slot must be exactly out=0, lse=-inf"
+    assert result.max_rel_err <= cases.MAX_REL_ERR, result
+    assert result.min_cosine >= cases.MIN_COSINE, result
+    assert result.max_lse_err <= cases.MAX_LSE_ERR, result
+
+
+@pytest.mark.parametrize("case", QUICK, ids=[c.label() for c in QUICK])
+def test_matrix_subset(case):
+    _check(verify.run_case(case, torch.device("cuda")))
+
+
+@pytest.mark.parametrize("masking", ["random", "causal", "all_masked", "invalid", "topk_len"])
+@pytest.mark.parametrize("num_tokens", [1, 64])
+def test_masking_and_nan_poisoned_rows(masking, num_tokens):
+    _check(verify.run_case(Case(head_size=512, num_heads=64, topk=2176, num_tokens=num_tokens, masking=masking),
+                           torch.device("cuda")))
+
+
+@pytest.mark.parametrize("layout", ["strided", "split_q"])
+@pytest.mark.parametrize("kv", ["bf16", "fp8_ds_mla"])
+def test_strided_q_and_out(layout, kv):
+    _check(verify.run_case(Case(head_size=576, num_heads=32, topk=300, num_tokens=9, layout=layout, kv_cache_dtype=kv),
+                           torch.device("cuda")))
+
+
+@pytest.mark.parametrize("head_size", [512, 576])
+def test_cuda_graph_replay_with_padded_rows(head_size):
+    _check(verify.run_graph_case(head_size, torch.device("cuda")))
+
+
+@pytest.mark.timeout(300)
+def test_thousand_launches_deterministic():
+    result = verify.run_stress(torch.device("cuda"), 1000, timeout_s=120)
+    assert result.note == "bitwise identical", result.note
+    _check(result)
+
+
+def test_error_writes_nothing_on_gpu():
+    q = torch.randn(2, 8, 576, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(64, 576, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((2, 8, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="indices must be int32"):
+        ops.sparse_mla_fwd(q, kv, torch.zeros(2, 16, dtype=torch.int64, device="cuda"), 0.1, out=out)
+    torch.cuda.synchronize()
+    assert out.isnan().all()
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["bfloat16", "float16", "fp8_e4m3", "fp8_ds_mla"])
+@pytest.mark.parametrize("rope", [True, False])
+def test_cache_writer_matches_reference_bytes(kv_cache_dtype, rope):
+    torch.manual_seed(3)
+    T, D = 37, 576 if rope else 512
+    kv_c = torch.randn(T, 512, device="cuda", dtype=torch.bfloat16) * 3
+    k_pe = torch.randn(T, 64, device="cuda", dtype=torch.bfloat16) if rope else None
+    slots = torch.randperm(64, device="cuda")[:T]
+    slots[::5] = -1
+    width = {"bfloat16": D, "float16": D, "fp8_e4m3": D, "fp8_ds_mla": 656}[kv_cache_dtype]
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(kv_cache_dtype, torch.uint8)
+    k_scale = torch.tensor([0.37], device="cuda") if kv_cache_dtype == "fp8_e4m3" else None
+    got = torch.zeros(4, 16, width, device="cuda", dtype=dtype)
+    want = got.clone()
+    ops.concat_and_cache_sparse_mla(kv_c, k_pe, got, slots, kv_cache_dtype, k_scale)
+    reference.write_kv_cache_reference(kv_c, k_pe, want, slots, kv_cache_dtype, k_scale)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))

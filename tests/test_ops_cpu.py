@@ -1,0 +1,165 @@
+"""CPU tests of the op layer: argument errors (named, before anything is written), the CPU
+implementation against an independent float64 loop, the cache formats' byte layout, and the
+constants shared between C++ and Python."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vllm_sparse_mla_blackwell import cases, formats, ops, reference
+
+pytestmark = pytest.mark.skipif(not ops.extension_available(), reason="op library not built")
+
+
+def naive_sparse_mla(q, rows, indices, sm_scale, topk, topk_len=None):
+    """float64, one (token, head) at a time: an independent check of the reference."""
+    T, H, _ = q.shape
+    out = torch.zeros(T, H, 512, dtype=torch.float64)
+    lse = torch.full((T, H), -math.inf, dtype=torch.float64)
+    for t in range(T):
+        limit = topk if topk_len is None else min(topk, int(topk_len[t]))
+        valid = [int(i) for i in indices[t, :limit] if 0 <= int(i) < rows.shape[0]]
+        if not valid:
+            continue
+        k = rows[valid].double()
+        for h in range(H):
+            s = (k[:, : q.shape[-1]] @ q[t, h].double()) * sm_scale
+            m = s.max()
+            p = torch.exp(s - m)
+            out[t, h] = (p[:, None] * k[:, :512]).sum(0) / p.sum()
+            lse[t, h] = m + torch.log(p.sum())
+    return out, lse
+
+
+@pytest.mark.parametrize("masking", ["none", "random", "invalid", "all_masked", "topk_len"])
+@pytest.mark.parametrize("head_size", [512, 576])
+def test_reference_matches_float64_loop(masking, head_size):
+    case = cases.Case(head_size=head_size, num_heads=3, topk=40, num_tokens=5, masking=masking, block_size=16)
+    inp = cases.make_inputs(case, "cpu")
+    out, lse = reference.sparse_mla_reference(inp.q, inp.kv_rows, inp.indices, case.sm_scale,
+                                              topk=case.topk, topk_len=inp.topk_len)
+    ref_out, ref_lse = naive_sparse_mla(inp.q, inp.kv_rows, inp.indices, case.sm_scale, case.topk, inp.topk_len)
+    assert torch.isfinite(out).all()  # NaN rows of the cache are never mixed in
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["bf16", "fp16", "fp8_e4m3", "fp8_ds_mla"])
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "split_q"])
+def test_cpu_op_equals_reference(kv_cache_dtype, layout):
+    case = cases.Case(head_size=576, num_heads=5, topk=70, num_tokens=4, kv_cache_dtype=kv_cache_dtype,
+                      masking="invalid", layout=layout, block_size=16)
+    inp = cases.make_inputs(case, "cpu")
+    out, lse = ops.sparse_mla_fwd(inp.q, inp.kv_cache, inp.indices, case.sm_scale, q_pe=inp.q_pe,
+                                  kv_cache_dtype=inp.kv_cache_dtype, k_scale=inp.k_scale, topk=case.topk,
+                                  out=inp.out)
+    result = cases.compare(case, inp, out, lse)
+    assert result.all_written and result.masked_exact
+    assert result.max_rel_err < 4e-3 and result.max_lse_err < 1e-5
+
+
+def _good_args(T=3, H=4, D=576, topk=8):
+    return dict(
+        q=torch.randn(T, H, D, dtype=torch.bfloat16),
+        kv_cache=torch.randn(4, 16, D, dtype=torch.bfloat16),
+        indices=torch.zeros(T, topk, dtype=torch.int32),
+        sm_scale=0.1,
+        out=torch.full((T, H, 512), float("nan"), dtype=torch.bfloat16),
+        lse=torch.full((T, H), float("nan")),
+    )
+
+
+BAD_INPUTS = [
+    ("q", lambda a: a.update(q=a["q"].float()), "q must be bfloat16 or float16"),
+    ("q", lambda a: a.update(q=a["q"][0]), "q must have 3 dims"),
+    ("q", lambda a: a.update(q=a["q"][..., :500]), "head_size) must be 512 or 576"),
+    ("q", lambda a: a.update(q=torch.randn(3, 129, 576, dtype=torch.bfloat16)), "num_heads) must be in 1..128"),
+    ("q", lambda a: a.update(q=a["q"].transpose(0, 2).contiguous().transpose(0, 2)), "q must have a contiguous last dim"),
+    ("q", lambda a: a.update(q=torch.randn(3 * 4 * 576 + 1, dtype=torch.bfloat16)[1:].view(3, 4, 576)), "16-byte aligned"),
+    ("q_pe", lambda a: a.update(q=a["q"][..., :512].contiguous(), q_pe=torch.randn(3, 4, 32, dtype=torch.bfloat16)), "q_pe.shape[2] must be 64"),
+    ("q_pe", lambda a: a.update(q=a["q"][..., :512].contiguous(), q_pe=torch.randn(3, 4, 64, dtype=torch.float16)), "q_pe must be bfloat16"),
+    ("kv_cache", lambda a: a.update(kv_cache=a["kv_cache"][..., :512]), "kv_cache last dim must be 576"),
+    ("kv_cache", lambda a: a.update(kv_cache=a["kv_cache"].half(), kv_cache_dtype="bfloat16"), "kv_cache must be bfloat16"),
+    ("kv_cache", lambda a: a.update(kv_cache=torch.zeros(4, 16, 576, dtype=torch.float32)), "needs a bfloat16 or float16 kv_cache"),
+    ("kv_cache", lambda a: a.update(kv_cache=torch.zeros(4, 16, 600, dtype=torch.uint8), kv_cache_dtype="fp8_ds_mla"), "kv_cache last dim must be 656"),
+    ("kv_cache", lambda a: a.update(kv_cache=a["kv_cache"].view(-1)), "kv_cache must be [num_blocks"),
+    ("kv_cache_dtype", lambda a: a.update(kv_cache_dtype="int4"), "kv_cache_dtype must be one of"),
+    ("k_scale", lambda a: a.update(k_scale=torch.ones(1)), "k_scale is only used with kv_cache_dtype fp8"),
+    ("k_scale", lambda a: a.update(kv_cache=torch.zeros(4, 16, 576, dtype=torch.uint8), kv_cache_dtype="fp8", k_scale=torch.ones(2)), "k_scale must hold one element"),
+    ("indices", lambda a: a.update(indices=a["indices"].long()), "indices must be int32"),
+    ("indices", lambda a: a.update(indices=a["indices"][:2]), "indices.shape[0] must be 3"),
+    ("indices", lambda a: a.update(indices=torch.zeros(3, 0, dtype=torch.int32)), "topk must be >= 1"),
+    ("topk", lambda a: a.update(topk=0), "topk must be >= 1"),
+    ("topk", lambda a: a.update(topk=9), "topk (9) must be <= indices.shape[1] (8)"),
+    ("topk_len", lambda a: a.update(topk_len=torch.zeros(3, dtype=torch.int64)), "topk_len must be int32"),
+    ("topk_len", lambda a: a.update(topk_len=torch.zeros(2, dtype=torch.int32)), "topk_len.shape[0] must be 3"),
+    ("out", lambda a: a.update(out=a["out"].half()), "out must be bfloat16"),
+    ("out", lambda a: a.update(out=a["out"][..., :256]), "out.shape[2] must be 512"),
+    ("lse", lambda a: a.update(lse=a["lse"].double()), "lse must be float32"),
+    ("lse", lambda a: a.update(lse=a["lse"][:, :2]), "lse.shape[1] must be 4"),
+    ("sm_scale", lambda a: a.update(sm_scale=float("nan")), "sm_scale must be finite"),
+]
+
+
+@pytest.mark.parametrize("name,mutate,message", BAD_INPUTS, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD_INPUTS)])
+def test_bad_input_is_named_and_nothing_written(name, mutate, message):
+    args = _good_args()
+    mutate(args)
+    out_before = args["out"].clone()
+    with pytest.raises(ValueError) as err:
+        ops.sparse_mla_fwd(**args)
+    assert message in str(err.value)
+    assert name.split(".")[0] in str(err.value)
+    assert torch.equal(args["out"].isnan(), out_before.isnan())  # still poisoned: nothing written
+
+
+def test_format_constants_agree_with_cpp():
+    got = torch.ops.sparse_mla_bw.format_constants()
+    assert got == [formats.KV_LORA_RANK, formats.QK_ROPE_HEAD_DIM, formats.HEAD_SIZE_V, formats.MAX_NUM_HEADS,
+                   formats.SMEM_BUDGET_BYTES, formats.FP8_DS_MLA_RECORD_BYTES, formats.FP8_DS_MLA_SCALE_OFFSET,
+                   formats.FP8_DS_MLA_ROPE_OFFSET, formats.FP8_DS_MLA_TILE]
+
+
+def test_workspace_size_grows_with_sms():
+    assert torch.ops.sparse_mla_bw.workspace_size(132) > torch.ops.sparse_mla_bw.workspace_size(20) > 0
+
+
+@pytest.mark.parametrize("rope", [True, False])
+def test_fp8_ds_mla_byte_layout(rope):
+    """The 656-byte record of SPEC §3.3 written by the CPU op: latent e4m3 at [0,512), four fp32
+    per-128 scales at [512,528) equal to amax/448 (vLLM's rule), bf16 rope at [528,656) or zeros."""
+    torch.manual_seed(0)
+    kv_c = (torch.randn(3, 512) * torch.tensor([1.0, 10.0, 0.01, 1000.0]).repeat_interleave(128)).bfloat16()
+    k_pe = torch.randn(3, 64).bfloat16() if rope else None
+    cache = torch.full((2, 4, 656), 0xAB, dtype=torch.uint8)
+    slots = torch.tensor([5, -1, 0])
+    ops.concat_and_cache_sparse_mla(kv_c, k_pe, cache, slots, "fp8_ds_mla")
+    rows = cache.view(-1, 656)
+    assert (rows[[1, 2, 3, 4, 6, 7]] == 0xAB).all()  # untouched rows, and token 1 skipped (slot -1)
+    for token, slot in ((0, 5), (2, 0)):
+        rec = rows[slot]
+        scales = rec[512:528].contiguous().view(torch.float32)
+        amax = kv_c[token].float().view(4, 128).abs().amax(-1)
+        torch.testing.assert_close(scales, amax / 448.0, rtol=0, atol=0)
+        latent = rec[:512].contiguous().view(torch.float8_e4m3fn).float().view(4, 128) * scales[:, None]
+        torch.testing.assert_close(latent.view(512), kv_c[token].float(), rtol=0.0625, atol=scales.max().item() * 2**-9)
+        rope_bytes = rec[528:656].contiguous()
+        if rope:
+            assert torch.equal(rope_bytes.view(torch.bfloat16), k_pe[token])
+        else:
+            assert (rope_bytes == 0).all()
+
+
+def test_fp8_e4m3_cache_roundtrip():
+    torch.manual_seed(1)
+    kv_c, k_pe = torch.randn(5, 512).half(), torch.randn(5, 64).half()
+    cache = torch.zeros(5, 576, dtype=torch.uint8)
+    k_scale = torch.tensor([0.25])
+    ops.concat_and_cache_sparse_mla(kv_c, k_pe, cache, torch.arange(5), "fp8", k_scale)
+    rows = reference.dequantize_kv_cache(cache, "fp8", 576, k_scale)
+    full = torch.cat([kv_c, k_pe], -1).float()
+    assert ((rows - full).abs() <= full.abs() * 0.0625 + 0.25 * 2**-9).all()
+    assert ((rows - full).abs() > 0).any()  # it really is quantised
