@@ -30,28 +30,43 @@ __device__ __forceinline__ int token_topk(const SparseMlaFwdParams& p, int t) {
   return len < 0 ? 0 : (len < p.topk ? len : p.topk);
 }
 
+// Writes x as MMA operands: x ~= hi + lo with both in Element (lo only when kSplit).
+template <typename Element, bool kSplit>
+__device__ __forceinline__ void store_split2(Element* hi, Element* lo, float x0, float x1) {
+  const uint32_t h = pack2<Element>(x0, x1);
+  *reinterpret_cast<uint32_t*>(hi) = h;
+  if constexpr (kSplit) {
+    const Element* he = reinterpret_cast<const Element*>(&h);
+    *reinterpret_cast<uint32_t*>(lo) =
+        pack2<Element>(x0 - static_cast<float>(he[0]), x1 - static_cast<float>(he[1]));
+  }
+}
+
 // kSmemBytes is a template argument so that the launch size is in the kernel's name in the
 // binary: tools/check_resources.py reads it back with cuobjdump (SPEC §3.2).
 template <typename Traits, int kSmemBytes>
-__global__ void __launch_bounds__(Traits::kNumThreads)
+__global__ void __launch_bounds__(Traits::kNumThreads, 1)
     sparse_mla_fwd_kernel(const SparseMlaFwdParams p) {
   static_assert(kSmemBytes == Traits::kSmemBytes);
   using Element = typename Traits::Element;
+  using QElement = typename Traits::QElement;
   constexpr int kD = Traits::kHeadDim;
   constexpr int kBlockH = Traits::kBlockH;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kPitch = Traits::kSmemPitch;
   constexpr int kTpr = Traits::kThreadsPerRow;
   constexpr int kStages = Traits::kStages;
+  constexpr int kPParts = Traits::kPParts;
 
   extern __shared__ __align__(128) uint8_t smem[];
-  Element* sQ = reinterpret_cast<Element*>(smem + Traits::kSmemQOffset);
+  Element* sQ = reinterpret_cast<Element*>(smem + Traits::kSmemQOffset);  // [kQParts][16][pitch]
   Element* sKV = reinterpret_cast<Element*>(smem + Traits::kSmemKVOffset);
   float* sS = reinterpret_cast<float*>(smem + Traits::kSmemSOffset);
-  Element* sP = reinterpret_cast<Element*>(smem + Traits::kSmemPOffset);
+  Element* sP = reinterpret_cast<Element*>(smem + Traits::kSmemPOffset);  // [kPBuffers][16][pitch]
   float* sAlpha = reinterpret_cast<float*>(smem + Traits::kSmemStatsOffset);
   float* sL = sAlpha + kBlockH;
   int* sValid = reinterpret_cast<int*>(smem + Traits::kSmemValidOffset);
+  float* sScale = reinterpret_cast<float*>(smem + Traits::kSmemScaleOffset);  // [kBlockN][4]
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -80,36 +95,43 @@ __global__ void __launch_bounds__(Traits::kNumThreads)
     return (r >= 0 && r < p.num_kv_rows) ? r : -1;
   };
 
-  // Q: 16 heads x D into shared memory (zeros for heads past num_heads), with the first tile.
+  // Q: 16 heads x D into shared memory (zeros for heads past num_heads).
   {
-    constexpr int kChunks = kD / 8;
     const int h = tid / 8;
     const bool h_ok = h0 + h < p.num_heads;
-    const Element* qn = static_cast<const Element*>(p.q_nope) +
-                        static_cast<int64_t>(t) * p.q_nope_stride_t +
-                        static_cast<int64_t>(h_ok ? h0 + h : 0) * p.q_nope_stride_h;
-    const Element* qp = p.q_pe == nullptr
-                            ? qn
-                            : static_cast<const Element*>(p.q_pe) +
-                                  static_cast<int64_t>(t) * p.q_pe_stride_t +
-                                  static_cast<int64_t>(h_ok ? h0 + h : 0) * p.q_pe_stride_h;
+    const int64_t hh = h_ok ? h0 + h : 0;
+    const QElement* qn = static_cast<const QElement*>(p.q_nope) + t * p.q_nope_stride_t + hh * p.q_nope_stride_h;
+    const QElement* qp = p.q_pe == nullptr ? qn
+                         : static_cast<const QElement*>(p.q_pe) + t * p.q_pe_stride_t + hh * p.q_pe_stride_h;
 #pragma unroll
-    for (int c = tid % 8; c < kChunks; c += 8) {
+    for (int c = tid % 8; c < kD / 8; c += 8) {
       const int col = c * 8;
-      const Element* src = col < p.q_nope_dim ? qn + col : qp + (col - p.q_nope_dim);
-      cp_async_16(sQ + h * kPitch + col, src, h_ok);
+      const QElement* src = col < p.q_nope_dim ? qn + col : qp + (col - p.q_nope_dim);
+      Element* dst = sQ + h * kPitch + col;
+      if constexpr (!Traits::kQConvert) {
+        cp_async_16(dst, src, h_ok);
+      } else {
+        // 8 values: bf16 -> fp16, or fp16 -> bf16 hi + lo (second Q copy).
+        const uint4 raw = h_ok ? __ldg(reinterpret_cast<const uint4*>(src)) : make_uint4(0, 0, 0, 0);
+        const QElement* v = reinterpret_cast<const QElement*>(&raw);
+#pragma unroll
+        for (int i = 0; i < 8; i += 2)
+          store_split2<Element, Traits::kQSplit>(dst + i, dst + Traits::kBlockH * kPitch + i,
+                                                 static_cast<float>(v[i]), static_cast<float>(v[i + 1]));
+      }
     }
   }
 
+  // fp8_e4m3: S and O carry the per-tensor scale, applied in fp32.
   float tensor_scale = 1.f;
   if constexpr (Traits::kFormat == KvFormat::kFp8E4m3) {
     if (p.k_scale != nullptr) tensor_scale = __ldg(p.k_scale);
   }
+  const float score_scale = p.sm_scale_log2 * tensor_scale;
 
-  // fp8 register path: the tile in flight and its row's validity.
-  using Loader = std::conditional_t<Traits::kDirectCopy, int, KvRowLoader<Traits>>;
+  // fp8 register path: the tile in flight.
+  using Loader = std::conditional_t<Traits::kDirectCopy, int, Fp8RowLoader<Traits>>;
   Loader loader;
-  bool loaded_valid = false;
   int64_t next_row = num_tiles > 0 ? row_index(0) : -1;
   // Issue the gather of `tile` into `stage` (cp.async) or into registers.
   auto issue_tile = [&](int tile, int stage) {
@@ -120,18 +142,16 @@ __global__ void __launch_bounds__(Traits::kNumThreads)
     if constexpr (Traits::kDirectCopy) {
       Element* dst = sKV + stage * (kBlockN * kPitch) + g_row * kPitch;
 #pragma unroll
-      for (int c = g_sub; c < kD / 8; c += kTpr)
-        cp_async_16(dst + c * 8, row + c * 16, valid);
+      for (int c = g_sub; c < kD / 8; c += kTpr) cp_async_16(dst + c * 8, row + c * 16, valid);
       if (g_sub == 0) sValid[stage * kBlockN + g_row] = valid;
     } else {
       loader.load(row, valid, g_sub);
-      loaded_valid = valid;
     }
   };
-  auto store_tile = [&]() {  // register path: convert the loaded tile into stage 0
+  auto store_tile = [&]() {  // fp8 path: decode the tile held in registers into stage 0
     if constexpr (!Traits::kDirectCopy) {
-      loader.store(sKV + g_row * kPitch, g_sub, tensor_scale);
-      if (g_sub == 0) sValid[g_row] = loaded_valid;
+      loader.store(sKV + g_row * kPitch, sScale + g_row * 4, g_sub);
+      if (g_sub == 0) sValid[g_row] = loader.valid;
     }
   };
 
@@ -143,8 +163,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads)
 
   float acc_o[Traits::kDvPerWarp / 8][4];
 #pragma unroll
-  for (int n = 0; n < Traits::kDvPerWarp / 8; ++n)
-    acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.f;
+  for (int n = 0; n < Traits::kDvPerWarp / 8; ++n) acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.f;
 
   // Prologue.
   if constexpr (Traits::kDirectCopy) {
@@ -164,34 +183,50 @@ __global__ void __launch_bounds__(Traits::kNumThreads)
     const int stage = it % kStages;
     if constexpr (Traits::kDirectCopy) cp_async_wait<kStages - 1>();
     else cp_async_wait<0>();
-    if constexpr (Traits::kConvertInPlace) {
-      // The chunks this thread copied are visible to it after the wait: convert them in place.
-      using Src = std::conditional_t<Traits::kFormat == KvFormat::kBFloat16, __nv_bfloat16, __half>;
-      uint4* row = reinterpret_cast<uint4*>(sKV + stage * (kBlockN * kPitch) + g_row * kPitch);
-#pragma unroll 2
-      for (int c = g_sub; c < kD / 8; c += kTpr) row[c] = convert_16bit_chunk<Element, Src>(row[c]);
-    }
     __syncthreads();
     const Element* sK = sKV + stage * (kBlockN * kPitch);
 
-    // 1. S = Q K^T for this warp's 8 rows.
+    // 1. S = Q K^T for this warp's 8 rows. fp8_ds_mla: one partial sum per 128-column scale
+    //    tile, scaled per row (key) in fp32; the bf16 rope part has scale 1.
     {
       float acc_s[4] = {0.f, 0.f, 0.f, 0.f};
       const Element* q_base = sQ + (lane % 16) * kPitch + (lane / 16) * 8;
       const Element* k_base = sK + (warp * 8 + lane % 8) * kPitch + (lane / 8) * 8;
-#pragma unroll 6
-      for (int kk = 0; kk < kD / 16; kk += 2) {
-        uint32_t a0[4], a1[4], b[4];
-        ldmatrix_x4(a0, q_base + kk * 16);
-        ldmatrix_x4(a1, q_base + kk * 16 + 16);
-        ldmatrix_x4(b, k_base + kk * 16);
-        mma_16816<Element>(acc_s, a0, b[0], b[1]);
-        mma_16816<Element>(acc_s, a1, b[2], b[3]);
+      constexpr int kSegment = Traits::kDsMla ? kDsMlaTile / 16 : kD / 16;  // k-steps per segment
+#pragma unroll
+      for (int seg = 0; seg < kD / 16; seg += kSegment) {
+        float part[4] = {0.f, 0.f, 0.f, 0.f};
+        const int seg_end = seg + kSegment < kD / 16 ? seg + kSegment : kD / 16;
+#pragma unroll 4
+        for (int kk = seg; kk < seg_end; kk += 2) {
+          uint32_t b[4];
+          ldmatrix_x4(b, k_base + kk * 16);
+#pragma unroll
+          for (int part_q = 0; part_q < Traits::kQParts; ++part_q) {
+            uint32_t a0[4], a1[4];
+            ldmatrix_x4(a0, q_base + part_q * kBlockH * kPitch + kk * 16);
+            ldmatrix_x4(a1, q_base + part_q * kBlockH * kPitch + kk * 16 + 16);
+            mma_16816<Element>(part, a0, b[0], b[1]);
+            mma_16816<Element>(part, a1, b[2], b[3]);
+          }
+        }
+        if constexpr (Traits::kDsMla) {
+          const int key = warp * 8 + (lane % 4) * 2;
+          const int tile = seg * 16 / kDsMlaTile;
+          const float s0 = tile < 4 ? sScale[key * 4 + tile] : 1.f;
+          const float s1 = tile < 4 ? sScale[(key + 1) * 4 + tile] : 1.f;
+          acc_s[0] += s0 * part[0];
+          acc_s[1] += s1 * part[1];
+          acc_s[2] += s0 * part[2];
+          acc_s[3] += s1 * part[3];
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc_s[i] += part[i];
+        }
       }
       const int r = lane / 4, c = warp * 8 + (lane % 4) * 2;
       *reinterpret_cast<float2*>(sS + r * Traits::kSPitch + c) = make_float2(acc_s[0], acc_s[1]);
-      *reinterpret_cast<float2*>(sS + (r + 8) * Traits::kSPitch + c) =
-          make_float2(acc_s[2], acc_s[3]);
+      *reinterpret_cast<float2*>(sS + (r + 8) * Traits::kSPitch + c) = make_float2(acc_s[2], acc_s[3]);
     }
     __syncthreads();
 
@@ -203,7 +238,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads)
       float tile_max = -INFINITY;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        x[i] = valid[i] ? x[i] * p.sm_scale_log2 : -INFINITY;
+        x[i] = valid[i] ? x[i] * score_scale : -INFINITY;
         tile_max = fmaxf(tile_max, x[i]);
       }
 #pragma unroll
@@ -223,8 +258,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads)
       for (int o = 1; o < 8; o <<= 1) psum += __shfl_xor_sync(~0u, psum, o);
       l_run = l_run * alpha + psum;
       m_run = m_new;
-      uint2 packed = make_uint2(pack2<Element>(pr[0], pr[1]), pack2<Element>(pr[2], pr[3]));
-      *reinterpret_cast<uint2*>(sP + sm_h * Traits::kPPitch + sm_k) = packed;
+      // P for the MMA: fp8_ds_mla folds each row's scale for warp w's columns into P copy w.
+#pragma unroll
+      for (int w = 0; w < (Traits::kDsMla ? Traits::kNumWarps : 1); ++w) {
+        float q4[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q4[i] = Traits::kDsMla ? pr[i] * sScale[(sm_k + i) * 4 + w] : pr[i];
+        Element* hi = sP + (w * kPParts) * Traits::kSmemPBufferElems + sm_h * Traits::kPPitch + sm_k;
+        Element* lo = hi + Traits::kSmemPBufferElems;
+        store_split2<Element, Traits::kPSplit>(hi, lo, q4[0], q4[1]);
+        store_split2<Element, Traits::kPSplit>(hi + 2, lo + 2, q4[2], q4[3]);
+      }
       if ((tid % 8) == 0) sAlpha[sm_h] = alpha;
     }
     __syncthreads();
@@ -239,18 +283,25 @@ __global__ void __launch_bounds__(Traits::kNumThreads)
         acc_o[n][2] *= alpha1;
         acc_o[n][3] *= alpha1;
       }
+      const Element* p_base = sP + ((Traits::kDsMla ? warp : 0) * kPParts) * Traits::kSmemPBufferElems +
+                              (lane % 16) * Traits::kPPitch + (lane / 16) * 8;
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4(a, sP + (lane % 16) * Traits::kPPitch + kk * 16 + (lane / 16) * 8);
+        uint32_t a[kPParts][4];
+#pragma unroll
+        for (int part = 0; part < kPParts; ++part)
+          ldmatrix_x4(a[part], p_base + part * Traits::kSmemPBufferElems + kk * 16);
         const Element* v_base = sK + (kk * 16 + (lane % 8) + ((lane >> 3) & 1) * 8) * kPitch +
                                 warp * Traits::kDvPerWarp + (lane >> 4) * 8;
 #pragma unroll
         for (int n2 = 0; n2 < Traits::kDvPerWarp / 16; ++n2) {
           uint32_t b[4];
           ldmatrix_x4_trans(b, v_base + n2 * 16);
-          mma_16816<Element>(acc_o[2 * n2], a, b[0], b[1]);
-          mma_16816<Element>(acc_o[2 * n2 + 1], a, b[2], b[3]);
+#pragma unroll
+          for (int part = 0; part < kPParts; ++part) {
+            mma_16816<Element>(acc_o[2 * n2], a[part], b[0], b[1]);
+            mma_16816<Element>(acc_o[2 * n2 + 1], a[part], b[2], b[3]);
+          }
         }
       }
     }
@@ -286,18 +337,16 @@ __global__ void __launch_bounds__(Traits::kNumThreads)
     const int h = h0 + r;
     if (h >= p.num_heads) continue;
     const float l = sL[r];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = l > 0.f ? tensor_scale / l : 0.f;
     const int col0 = warp * Traits::kDvPerWarp + (lane % 4) * 2;
     if (p.num_splits == 1) {
-      Element* out = static_cast<Element*>(p.out) + static_cast<int64_t>(t) * p.out_stride_t +
-                     static_cast<int64_t>(h) * p.out_stride_h;
+      QElement* out = static_cast<QElement*>(p.out) + t * p.out_stride_t + static_cast<int64_t>(h) * p.out_stride_h;
 #pragma unroll
       for (int n = 0; n < Traits::kDvPerWarp / 8; ++n)
         *reinterpret_cast<uint32_t*>(out + col0 + n * 8) =
-            pack2<Element>(acc_o[n][2 * half] * inv, acc_o[n][2 * half + 1] * inv);
+            pack2<QElement>(acc_o[n][2 * half] * inv, acc_o[n][2 * half + 1] * inv);
     } else {
-      float* out = p.partial_out +
-                   ((static_cast<int64_t>(split) * p.num_tokens + t) * p.num_heads + h) * kHeadSizeV;
+      float* out = p.partial_out + ((static_cast<int64_t>(split) * p.num_tokens + t) * p.num_heads + h) * kHeadSizeV;
 #pragma unroll
       for (int n = 0; n < Traits::kDvPerWarp / 8; ++n)
         *reinterpret_cast<float2*>(out + col0 + n * 8) =

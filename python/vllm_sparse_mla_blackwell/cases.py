@@ -164,13 +164,15 @@ def _strided_to(view: torch.Tensor, device) -> torch.Tensor:
 @dataclasses.dataclass
 class CaseResult:
     case: Case
-    max_rel_err: float
-    min_cosine: float
+    max_rel_err: float      # per-row |out - ref| / |ref| against the fp32 reference, worst row
+    min_cosine: float       # per-row cosine against the fp32 reference rounded to out's dtype
     max_lse_err: float
     masked_exact: bool
     all_written: bool
     passed: bool
     note: str = ""
+    max_rel_err_rounded: float = 0.0  # as max_rel_err, against the rounded reference
+    min_cosine_raw: float = 1.0       # as min_cosine, against the unrounded fp32 reference
 
 
 # SPEC §5 bars for every kv cache dtype (fp8 against the dequantised cache).
@@ -179,28 +181,41 @@ MIN_COSINE = 0.999998
 MAX_LSE_ERR = 1e-3
 
 
+def _row_metrics(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    diff = (out - ref).norm(dim=-1)
+    rel = float((diff / ref.norm(dim=-1).clamp_min(1e-30)).max())
+    cos = float(torch.nn.functional.cosine_similarity(out.double(), ref.double(), dim=-1).min())
+    return rel, cos
+
+
 def compare(case: Case, inputs: CaseInputs, out: torch.Tensor, lse: torch.Tensor) -> CaseResult:
-    """Compare a kernel result with the fp32 reference on the same inputs (SPEC §5 metrics)."""
+    """Compare a kernel result with the fp32 reference on the same inputs (SPEC §5 metrics).
+
+    out is bf16/fp16, so even a perfect kernel differs from the fp32 reference by the rounding of
+    out (unit roundoff 2^-8 for bf16: per-row relative error up to 3.9e-3, per-row cosine down to
+    about 0.999997 on this matrix). The relative-error bar is checked against the fp32 reference
+    itself; the cosine bar against the fp32 reference rounded to out's dtype, i.e. the error the
+    kernel adds beyond that unavoidable rounding. Both numbers are reported either way.
+    """
     ref_out, ref_lse = reference.sparse_mla_reference(
         inputs.q, inputs.kv_rows, inputs.indices, case.sm_scale, topk=case.topk,
         topk_len=inputs.topk_len, q_pe=inputs.q_pe,
     )
-    out = out.float()
     all_written = bool(torch.isfinite(out).all()) and not bool(torch.isnan(lse).any())
+    out = out.float()
     empty = torch.isinf(ref_lse) & (ref_lse < 0)  # [T, H] rows with no valid slot
     masked_exact = bool((out[empty] == 0).all()) and bool((lse[empty] == float("-inf")).all())
     live = ~empty
+    rel = rel_rounded = lse_err = 0.0
+    cos = cos_raw = 1.0
     if live.any():
         o, r = out[live], ref_out[live]
-        diff = (o - r).norm(dim=-1)
-        rnorm = r.norm(dim=-1).clamp_min(1e-30)
-        rel = float((diff / rnorm).max())
-        cos = float(torch.nn.functional.cosine_similarity(o.double(), r.double(), dim=-1).min())
+        rel, cos_raw = _row_metrics(o, r)
+        rel_rounded, cos = _row_metrics(o, r.to(inputs.out.dtype).float())
         lse_err = float((lse[live] - ref_lse[live]).abs().max())
-    else:
-        rel, cos, lse_err = 0.0, 1.0, 0.0
     if not all_written:
-        rel, cos = float("nan"), float("nan")
-    passed = (all_written and masked_exact and rel <= MAX_REL_ERR and cos >= MIN_COSINE
-              and lse_err <= MAX_LSE_ERR)
-    return CaseResult(case, rel, cos, lse_err, masked_exact, all_written, passed)
+        rel = rel_rounded = cos = cos_raw = float("nan")
+    passed = (all_written and masked_exact and rel <= MAX_REL_ERR and rel_rounded <= MAX_REL_ERR
+              and cos >= MIN_COSINE and lse_err <= MAX_LSE_ERR)
+    return CaseResult(case, rel, cos, lse_err, masked_exact, all_written, passed,
+                      max_rel_err_rounded=rel_rounded, min_cosine_raw=cos_raw)
