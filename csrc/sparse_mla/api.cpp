@@ -3,7 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
+#include <string>
+#include <type_traits>
 
 #include "kernel_traits.h"
 
@@ -16,19 +17,26 @@ constexpr int kBlockN = 32;  // KV rows per tile, SparseMlaFwdTraits::kBlockN fo
 static_assert(SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, kHeadSizeRoPE>::kBlockH == kBlockH);
 static_assert(SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, kHeadSizeRoPE>::kBlockN == kBlockN);
 
+// Messages are built with std::string and std::to_string only: no iostreams in the host API,
+// whose state a host process (Python with its own libstdc++) may not share with this module.
+void append(std::string& s, const char* v) { s += v; }
+void append(std::string& s, const std::string& v) { s += v; }
+template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
+void append(std::string& s, T v) {
+  s += std::to_string(v);
+}
+
 template <typename... Parts>
 [[noreturn]] void fail(const Parts&... parts) {
-  std::ostringstream os;
-  (os << ... << parts);
-  throw ArgumentError(os.str());
+  std::string msg;
+  (append(msg, parts), ...);
+  throw ArgumentError(msg);
 }
 
 std::string shape_str(const TensorDesc& t) {
-  std::ostringstream os;
-  os << "[";
-  for (int i = 0; i < t.dim; ++i) os << (i ? ", " : "") << t.sizes[i];
-  os << "]";
-  return os.str();
+  std::string s = "[";
+  for (int i = 0; i < t.dim; ++i) s += (i ? ", " : "") + std::to_string(t.sizes[i]);
+  return s + "]";
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
