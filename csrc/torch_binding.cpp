@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "ceilings/ceilings.h"
 #include "sparse_mla/api.h"
 #include "sparse_mla/cache_write.h"
 #include "sparse_mla/launch.h"
@@ -155,6 +156,36 @@ void check_concat_and_cache(const at::Tensor& kv_c, const std::optional<at::Tens
   checked([&] { return sparse_mla::check_concat_and_cache(args, false); });
 }
 
+// Benchmark ceilings (bench/ and `python -m vllm_sparse_mla_blackwell bench`).
+void bench_gather_rows(const at::Tensor& rows, const at::Tensor& indices, const at::Tensor& checksum) {
+  TORCH_CHECK_VALUE(rows.is_cuda() && rows.dim() == 2 && rows.scalar_type() == at::kByte && rows.stride(1) == 1 &&
+                        rows.size(1) % 16 == 0 && rows.stride(0) % 16 == 0,
+                    "rows must be a CUDA uint8 [num_rows, row_bytes] tensor, row_bytes a multiple of 16");
+  TORCH_CHECK_VALUE(indices.is_cuda() && indices.dim() == 2 && indices.scalar_type() == at::kInt && indices.is_contiguous(),
+                    "indices must be a contiguous CUDA int32 [num_tokens, topk] tensor");
+  TORCH_CHECK_VALUE(checksum.is_cuda() && checksum.scalar_type() == at::kInt && checksum.numel() > 0,
+                    "checksum must be a non-empty CUDA int32 tensor");
+  const c10::cuda::CUDAGuard guard(rows.device());
+  const cudaError_t err = sparse_mla::launch_gather_rows(
+      rows.data_ptr<uint8_t>(), rows.stride(0), static_cast<int>(rows.size(1)), indices.data_ptr<int32_t>(),
+      static_cast<int>(indices.size(0)), static_cast<int>(indices.size(1)),
+      reinterpret_cast<uint32_t*>(checksum.data_ptr<int32_t>()), static_cast<int>(checksum.numel()),
+      at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "bench_gather_rows: ", cudaGetErrorString(err));
+}
+
+int64_t bench_mma_sync_peak(const at::Tensor& sink, int64_t num_blocks, int64_t iters) {
+  TORCH_CHECK_VALUE(sink.is_cuda() && sink.scalar_type() == at::kFloat &&
+                        sink.numel() >= num_blocks * sparse_mla::kPeakWarpsPerBlock,
+                    "sink must be a CUDA float32 tensor of num_blocks * 8 elements");
+  const c10::cuda::CUDAGuard guard(sink.device());
+  const cudaError_t err = sparse_mla::launch_mma_sync_peak(sink.data_ptr<float>(), static_cast<int>(num_blocks),
+                                                           static_cast<int>(iters), at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "bench_mma_sync_peak: ", cudaGetErrorString(err));
+  // FLOPs performed: 2 * 16 * 8 * 16 per MMA.
+  return num_blocks * sparse_mla::kPeakWarpsPerBlock * iters * sparse_mla::kPeakMmasPerIter * int64_t{4096};
+}
+
 int64_t workspace_size(int64_t num_sms) { return sparse_mla::workspace_size(static_cast<int>(num_sms)); }
 
 std::vector<int64_t> format_constants() {
@@ -184,6 +215,8 @@ TORCH_LIBRARY(sparse_mla_bw, m) {
       &check_concat_and_cache);
   m.def("workspace_size(int num_sms) -> int", &workspace_size);
   m.def("format_constants() -> int[]", &format_constants);
+  m.def("bench_gather_rows(Tensor rows, Tensor indices, Tensor(a!) checksum) -> ()", &bench_gather_rows);
+  m.def("bench_mma_sync_peak(Tensor(a!) sink, int num_blocks, int iters) -> int", &bench_mma_sync_peak);
 }
 
 TORCH_LIBRARY_IMPL(sparse_mla_bw, CUDA, m) {

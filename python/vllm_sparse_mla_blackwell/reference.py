@@ -164,9 +164,10 @@ def quantize_fp8_ds_mla(kv_c: torch.Tensor, k_pe: torch.Tensor | None) -> torch.
     """
     num_tokens = kv_c.shape[0]
     tiles = kv_c.float().view(num_tokens, 4, formats.FP8_DS_MLA_TILE)
-    scales = (tiles.abs().amax(dim=-1) / formats.FP8_E4M3_MAX).clamp_min(
-        torch.finfo(torch.float32).tiny
-    )
+    # A tensor divisor: torch turns division by a Python scalar into a multiplication by its
+    # reciprocal, which is not the IEEE division vLLM's kernel (and ours) performs.
+    amax = tiles.abs().amax(dim=-1)
+    scales = (amax / torch.full_like(amax, formats.FP8_E4M3_MAX)).clamp_min(torch.finfo(torch.float32).tiny)
     q8 = (tiles / scales[..., None]).clamp(-formats.FP8_E4M3_MAX, formats.FP8_E4M3_MAX)
     record = torch.zeros(num_tokens, formats.FP8_DS_MLA_RECORD_BYTES, dtype=torch.uint8, device=kv_c.device)
     record[:, : formats.KV_LORA_RANK] = q8.to(torch.float8_e4m3fn).view(torch.uint8).view(num_tokens, -1)
@@ -209,7 +210,6 @@ def write_kv_cache_reference(
     if fmt in ("bfloat16", "float16"):
         rows[slots] = full.to(rows.dtype)
         return
-    scale = 1.0 if k_scale is None else k_scale
-    scale = scale.float().reshape(()) if isinstance(scale, torch.Tensor) else float(scale)
-    q8 = (full.float() / scale).clamp(-formats.FP8_E4M3_MAX, formats.FP8_E4M3_MAX)
+    scale = torch.as_tensor(1.0 if k_scale is None else k_scale, dtype=torch.float32, device=full.device)
+    q8 = (full.float() / scale.reshape(1, 1).expand_as(full)).clamp(-formats.FP8_E4M3_MAX, formats.FP8_E4M3_MAX)
     rows.view(torch.uint8)[slots] = q8.to(torch.float8_e4m3fn).view(torch.uint8)

@@ -1,0 +1,221 @@
+"""``python -m vllm_sparse_mla_blackwell bench``: decode/prefill timing against measured ceilings
+(SPEC §6).
+
+For every shape (model x heads x query tokens) and cache dtype it times the kernel with CUDA
+events (median of many launches after warm-up; index sets rotated so that runs do not hit each
+other's rows in L2; about a second of idle before each shape because the clocks drop under
+sustained load), and in the same run measures the two ceilings with the project's own kernels:
+the random-row gather of the same rows at the same slots, and the mma.sync bf16 peak. It prints
+a table and writes a JSON file and a roofline PNG.
+
+Reported per shape: µs, gathered GB/s (T·topk·row_bytes / time) and its fraction of the gather
+ceiling, TFLOP/s (2·T·H·topk·(D+512)) and its fraction of the mma.sync peak, fp8/bf16 time
+ratio, and the speed-up over the naive PyTorch formulation (index_select + einsum + softmax).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+import time
+
+import torch
+
+from vllm_sparse_mla_blackwell import formats, ops
+
+MODELS = {
+    # name: (head_size D, topk, heads per rank, sm_scale)
+    "GLM-5.3-Flash": (512, 2176, (64, 32, 16, 8), 1.0 / 16),
+    "DeepSeek-V3.2": (576, 2048, (128, 64, 16), 0.135234),
+}
+TOKENS = (1, 4, 16, 64, 256, 1024, 4096)
+KV_DTYPES = ("bf16", "fp8_e4m3", "fp8_ds_mla")
+POOL_ROWS = 1 << 18  # 256K rows: 302 MB at 1152 B/row, far beyond L2
+INDEX_SETS = 4
+NAIVE_MAX_TOKENS = 64
+
+
+@dataclasses.dataclass
+class Row:
+    model: str
+    head_size: int
+    num_heads: int
+    topk: int
+    num_tokens: int
+    kv_cache_dtype: str
+    us: float
+    gather_us: float
+    gathered_gbps: float
+    gather_frac: float
+    tflops: float
+    mma_frac: float
+    fp8_over_bf16: float | None = None
+    naive_us: float | None = None
+
+
+def _median_ms(fn, reps: int, sets: int) -> float:
+    """Median of `reps` event-timed calls of fn(i % sets)."""
+    for i in range(3):
+        fn(i % sets)
+    start = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    end = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        start[i].record()
+        fn(i % sets)
+        end[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(start, end))
+
+
+def _reps(estimate_ms: float) -> int:
+    return int(min(200, max(10, 200 / max(estimate_ms, 1e-3) / 10)))
+
+
+def measure_mma_peak(device) -> float:
+    """mma.sync m16n8k16 bf16 peak in TFLOP/s, register-only loop on every SM."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    blocks = sms * 4
+    sink = torch.zeros(blocks * 8, device=device)
+    iters = 20000
+    flops = torch.ops.sparse_mla_bw.bench_mma_sync_peak(sink, blocks, iters)
+    ms = _median_ms(lambda _: torch.ops.sparse_mla_bw.bench_mma_sync_peak(sink, blocks, iters), 10, 1)
+    return flops / (ms * 1e-3) / 1e12
+
+
+def _pool(kv_dtype: str, head_size: int, device) -> tuple[torch.Tensor, str, torch.Tensor | None]:
+    gen = torch.Generator(device=device).manual_seed(0)
+    kv_c = torch.randn(POOL_ROWS, 512, device=device, generator=gen, dtype=torch.bfloat16)
+    k_pe = (torch.randn(POOL_ROWS, head_size - 512, device=device, generator=gen, dtype=torch.bfloat16)
+            if head_size > 512 else None)
+    name = {"bf16": "bfloat16", "fp8_e4m3": "fp8_e4m3", "fp8_ds_mla": "fp8_ds_mla"}[kv_dtype]
+    width = formats.kv_row_bytes(name, head_size)
+    dtype = torch.bfloat16 if kv_dtype == "bf16" else torch.uint8
+    cache = torch.empty(POOL_ROWS // 64, 64, width // (2 if kv_dtype == "bf16" else 1), dtype=dtype, device=device)
+    k_scale = torch.tensor([0.02], device=device) if kv_dtype == "fp8_e4m3" else None
+    ops.concat_and_cache_sparse_mla(kv_c, k_pe, cache, torch.arange(POOL_ROWS, device=device), name, k_scale)
+    return cache, name, k_scale
+
+
+def _naive(q, rows, idx, sm_scale):
+    """What a user would write: gather, two einsums, softmax (bf16 math)."""
+    k = rows.index_select(0, idx.flatten().long()).view(idx.shape[0], idx.shape[1], -1)
+    s = torch.einsum("thd,tjd->thj", q, k[..., : q.shape[-1]]).float() * sm_scale
+    p = torch.softmax(s, dim=-1).to(q.dtype)
+    return torch.einsum("thj,tjd->thd", p, k[..., :512])
+
+
+def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, naive: bool = True,
+        progress=None) -> tuple[list[Row], dict]:
+    device = torch.device("cuda", torch.cuda.current_device())
+    props = torch.cuda.get_device_properties(device)
+    mma_peak = measure_mma_peak(device)
+    rows_out: list[Row] = []
+    gen = torch.Generator(device=device).manual_seed(1)
+    checksum = torch.zeros(1024, dtype=torch.int32, device=device)
+    shapes = [(m, h, t) for m, (d, k, hs, s) in models.items() for h in hs for t in tokens]
+    pools: dict[tuple[str, int], tuple] = {}
+    for model, num_heads, num_tokens in (progress(shapes) if progress else shapes):
+        head_size, topk, _, sm_scale = models[model]
+        time.sleep(idle_s)
+        q = torch.randn(num_tokens, num_heads, head_size, device=device, dtype=torch.bfloat16, generator=gen)
+        idx_sets = [torch.randint(0, POOL_ROWS, (num_tokens, topk), device=device, dtype=torch.int32, generator=gen)
+                    for _ in range(INDEX_SETS)]
+        out = torch.empty(num_tokens, num_heads, 512, device=device, dtype=torch.bfloat16)
+        lse = torch.empty(num_tokens, num_heads, device=device)
+        ws = ops.get_workspace(device)
+        flops = 2.0 * num_tokens * num_heads * topk * (head_size + 512)
+        by_dtype: dict[str, Row] = {}
+        for kv_dtype in kv_dtypes:
+            key = (kv_dtype, head_size)
+            if key not in pools:
+                pools[key] = _pool(kv_dtype, head_size, device)
+            cache, name, k_scale = pools[key]
+            row_bytes = formats.kv_row_bytes(name, head_size)
+            flat = cache.view(torch.uint8).view(POOL_ROWS, row_bytes)
+
+            def attn(i):
+                ops.sparse_mla_fwd(q, cache, idx_sets[i], sm_scale, kv_cache_dtype=name, k_scale=k_scale,
+                                   out=out, lse=lse, workspace=ws)
+
+            def gather(i):
+                torch.ops.sparse_mla_bw.bench_gather_rows(flat, idx_sets[i], checksum)
+
+            est = _median_ms(attn, 3, INDEX_SETS)
+            ms = _median_ms(attn, _reps(est), INDEX_SETS)
+            gms = _median_ms(gather, _reps(est), INDEX_SETS)
+            nbytes = num_tokens * topk * row_bytes
+            row = Row(model, head_size, num_heads, topk, num_tokens, kv_dtype, ms * 1e3, gms * 1e3,
+                      nbytes / (ms * 1e-3) / 1e9, gms / ms, flops / (ms * 1e-3) / 1e12,
+                      flops / (ms * 1e-3) / 1e12 / mma_peak)
+            if kv_dtype != "bf16" and "bf16" in by_dtype:
+                row.fp8_over_bf16 = by_dtype["bf16"].us / row.us
+            if naive and kv_dtype == "bf16" and num_tokens <= NAIVE_MAX_TOKENS:
+                rows_bf16 = cache.view(POOL_ROWS, head_size)
+                row.naive_us = _median_ms(lambda i: _naive(q, rows_bf16, idx_sets[i], sm_scale), 10, INDEX_SETS) * 1e3
+            by_dtype[kv_dtype] = row
+            rows_out.append(row)
+    meta = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__,
+                mma_sync_peak_tflops=mma_peak, pool_rows=POOL_ROWS, date=time.strftime("%Y-%m-%d"))
+    return rows_out, meta
+
+
+def roofline_png(rows: list[Row], meta: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 6))
+    gather_peak = max(r.gathered_gbps / r.gather_frac for r in rows)  # best gather ceiling seen
+    xs = [10 ** (i / 20) for i in range(-20, 81)]
+    ax.plot(xs, [min(meta["mma_sync_peak_tflops"], x * gather_peak / 1e3) for x in xs], "k-",
+            label=f"roofline: gather {gather_peak:.0f} GB/s, mma.sync {meta['mma_sync_peak_tflops']:.0f} TFLOP/s")
+    markers = {"bf16": "o", "fp8_e4m3": "s", "fp8_ds_mla": "^"}
+    for r in rows:
+        intensity = 2.0 * r.num_heads * (r.head_size + 512) / formats.kv_row_bytes(
+            {"bf16": "bfloat16"}.get(r.kv_cache_dtype, r.kv_cache_dtype), r.head_size)
+        ax.scatter(intensity, r.tflops, marker=markers[r.kv_cache_dtype], s=12 + 4 * math.log2(r.num_tokens + 1),
+                   c="C0" if r.head_size == 512 else "C1", alpha=0.7)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("FLOP per gathered byte (2·H·(D+512) / row bytes)")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"sparse-MLA on {meta['device']} ({meta['date']}): blue D=512, orange D=576; "
+                 "o bf16, s fp8_e4m3, ^ fp8_ds_mla; size ~ log T", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(json_path: str = "bench.json", png_path: str = "bench_roofline.png", quick: bool = False) -> int:
+    from rich.console import Console
+    from rich.progress import track
+    from rich.table import Table
+
+    console = Console()
+    if not torch.cuda.is_available():
+        console.print("[bold red]bench needs a CUDA GPU and none is visible.[/] Exit 3.")
+        return 3
+    tokens = (1, 64, 1024) if quick else TOKENS
+    rows, meta = run(tokens=tokens, idle_s=0.2 if quick else 1.0,
+                     progress=lambda s: track(s, description="shapes", console=console))
+    table = Table(title=f"sparse-MLA on {meta['device']}, mma.sync bf16 peak {meta['mma_sync_peak_tflops']:.0f} TFLOP/s "
+                        f"(measured), {meta['date']}")
+    for col in ("model", "H", "T", "kv", "µs", "gather µs", "GB/s", "% gather", "TFLOP/s", "% mma", "fp8 speed-up",
+                "naive µs", "x naive"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r.model, str(r.num_heads), str(r.num_tokens), r.kv_cache_dtype, f"{r.us:.1f}", f"{r.gather_us:.1f}",
+                      f"{r.gathered_gbps:.0f}", f"{100 * r.gather_frac:.0f}", f"{r.tflops:.1f}", f"{100 * r.mma_frac:.0f}",
+                      "" if r.fp8_over_bf16 is None else f"{r.fp8_over_bf16:.2f}",
+                      "" if r.naive_us is None else f"{r.naive_us:.0f}",
+                      "" if r.naive_us is None else f"{r.naive_us / r.us:.0f}")
+    console.print(table)
+    with open(json_path, "w") as f:
+        json.dump(dict(meta=meta, rows=[dataclasses.asdict(r) for r in rows]), f, indent=1)
+    roofline_png(rows, meta, png_path)
+    console.print(f"wrote {json_path} and {png_path}")
+    return 0
