@@ -21,7 +21,7 @@ template <typename Element, KvFormat kFormat>
 __global__ void __launch_bounds__(128) concat_and_cache_kernel(const ConcatAndCacheParams p) {
   const int t = blockIdx.x;
   const int64_t slot = p.slot_mapping[t];
-  if (slot < 0) return;
+  if (slot < 0 || slot >= p.num_rows) return;  // -1 = padding; never write outside the cache
   const int tid = threadIdx.x;
   uint8_t* row = p.kv_cache + slot * p.kv_row_stride;
   const Element* kv_c = static_cast<const Element*>(p.kv_c) + t * p.kv_c_stride;

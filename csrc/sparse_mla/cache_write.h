@@ -17,7 +17,8 @@ struct ConcatAndCacheParams {
   int64_t k_pe_stride;
   uint8_t* kv_cache;
   int64_t kv_row_stride;   // bytes
-  const int64_t* slot_mapping;  // [T], -1 = skip
+  const int64_t* slot_mapping;  // [T], -1 = skip; slots outside [0, num_rows) are skipped too
+  int64_t num_rows;
   const float* k_scale;    // fp8_e4m3: stored value = x / k_scale; null = 1
   int num_tokens;
 };

@@ -178,7 +178,8 @@ def concat_and_cache_sparse_mla(
         kv_c: bf16/fp16 ``[T, 512]`` latent.
         k_pe: bf16/fp16 ``[T, 64]`` rope part, or ``None`` for NoPE (head_size 512).
         kv_cache: cache as in ``sparse_mla_fwd``, written in place.
-        slot_mapping: int64 ``[T]`` physical rows; ``-1`` skips a token.
+        slot_mapping: int64 ``[T]`` physical rows; ``-1`` skips a token, and so does any slot
+            outside the cache (never written out of bounds).
         kv_cache_dtype: as in ``sparse_mla_fwd``. ``fp8_ds_mla`` scales follow vLLM (per 128
             values ``amax / 448``); NoPE records get zero rope bytes.
         k_scale: fp32 one-element tensor for ``fp8``/``fp8_e4m3`` (stored values are ``x / k_scale``).

@@ -193,13 +193,14 @@ def write_kv_cache_reference(
         kv_c: ``[T, 512]`` latent (bf16/fp16/fp32).
         k_pe: ``[T, R]`` rope part (R = 64), or ``None`` for NoPE (head_size 512).
         kv_cache: ``[num_blocks, block_size, W]`` or ``[num_rows, W]`` (see ``dequantize_kv_cache``).
-        slot_mapping: int ``[T]`` physical row per token; ``-1`` skips the token.
+        slot_mapping: int ``[T]`` physical row per token; ``-1`` (or any slot outside the cache)
+            skips the token.
         kv_cache_dtype: vLLM ``kv_cache_dtype`` string.
         k_scale: per-tensor scale of ``fp8``/``fp8_e4m3`` (values are stored as ``x / k_scale``).
     """
     fmt = formats.canonical_kv_cache_dtype(kv_cache_dtype, kv_cache)
     rows = _cache_rows(kv_cache)
-    keep = slot_mapping >= 0
+    keep = (slot_mapping >= 0) & (slot_mapping < rows.shape[0])
     slots = slot_mapping[keep].long()
     kv_c = kv_c[keep]
     k_pe = None if k_pe is None else k_pe[keep]
