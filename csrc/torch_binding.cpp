@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "ceilings/ceilings.h"
@@ -31,11 +32,18 @@ ScalarType to_scalar_type(at::ScalarType t) {
   }
 }
 
-TensorDesc describe(const at::Tensor& t) {
+TensorDesc describe(const at::Tensor& t, const char* name) {
   TensorDesc d;
   d.defined = t.defined();
   if (!d.defined) return d;
-  TORCH_CHECK_VALUE(t.dim() <= 4, "tensors of more than 4 dims are not accepted, got ", t.sizes());
+  if (t.dim() > 4) {
+    // Messages carry only strings: integers formatted through iostreams in this module crashed
+    // in a host process whose libstdc++ differs from the compiler's (seen with torch 2.11).
+    std::string shape;
+    for (int64_t s : t.sizes()) shape += (shape.empty() ? "" : ", ") + std::to_string(s);
+    TORCH_CHECK_VALUE(false, std::string(name) + " must have at most 4 dims, got shape [" + shape + "]");
+  }
+  d.dtype_name = c10::toString(t.scalar_type());
   d.data = t.data_ptr();
   d.dtype = to_scalar_type(t.scalar_type());
   d.dim = static_cast<int>(t.dim());
@@ -49,8 +57,8 @@ TensorDesc describe(const at::Tensor& t) {
   return d;
 }
 
-TensorDesc describe(const std::optional<at::Tensor>& t) {
-  return t.has_value() ? describe(*t) : TensorDesc{};
+TensorDesc describe(const std::optional<at::Tensor>& t, const char* name) {
+  return t.has_value() ? describe(*t, name) : TensorDesc{};
 }
 
 // ArgumentError -> Python ValueError, with the message naming the argument.
@@ -59,7 +67,7 @@ auto checked(F&& f) {
   try {
     return f();
   } catch (const sparse_mla::ArgumentError& e) {
-    TORCH_CHECK_VALUE(false, e.what());
+    TORCH_CHECK_VALUE(false, std::string(e.what()));
   }
 }
 
@@ -70,16 +78,16 @@ sparse_mla::SparseMlaFwdArgs fwd_args(const at::Tensor& q, const std::optional<a
                                       const at::Tensor& lse, const std::optional<at::Tensor>& workspace,
                                       double sm_scale, int64_t topk, const std::string& kv_cache_dtype) {
   sparse_mla::SparseMlaFwdArgs a;
-  a.q = describe(q);
-  a.q_pe = describe(q_pe);
-  a.kv_cache = describe(kv_cache);
-  a.indices = describe(indices);
-  a.topk_len = describe(topk_len);
-  a.k_scale = describe(k_scale);
-  a.out = describe(out);
-  a.lse = describe(lse);
-  a.workspace = describe(workspace);
-  a.sm_scale = static_cast<float>(sm_scale);
+  a.q = describe(q, "q");
+  a.q_pe = describe(q_pe, "q_pe");
+  a.kv_cache = describe(kv_cache, "kv_cache");
+  a.indices = describe(indices, "indices");
+  a.topk_len = describe(topk_len, "topk_len");
+  a.k_scale = describe(k_scale, "k_scale");
+  a.out = describe(out, "out");
+  a.lse = describe(lse, "lse");
+  a.workspace = describe(workspace, "workspace");
+  a.sm_scale = sm_scale;
   a.topk = topk;
   a.kv_cache_dtype = kv_cache_dtype;
   return a;
@@ -107,9 +115,9 @@ void check_sparse_mla_fwd(const at::Tensor& q, const std::optional<at::Tensor>& 
                           const at::Tensor& kv_cache, const at::Tensor& indices,
                           const std::optional<at::Tensor>& topk_len,
                           const std::optional<at::Tensor>& k_scale, const at::Tensor& out,
-                          const at::Tensor& lse, double sm_scale, int64_t topk,
-                          const std::string& kv_cache_dtype) {
-  const auto args = fwd_args(q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, std::nullopt,
+                          const at::Tensor& lse, const std::optional<at::Tensor>& workspace,
+                          double sm_scale, int64_t topk, const std::string& kv_cache_dtype) {
+  const auto args = fwd_args(q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, workspace,
                              sm_scale, topk, kv_cache_dtype);
   checked([&] { return sparse_mla::plan_sparse_mla_fwd(args, false, 0); });
 }
@@ -119,11 +127,11 @@ sparse_mla::ConcatAndCacheArgs cache_args(const at::Tensor& kv_c, const std::opt
                                           const std::optional<at::Tensor>& k_scale,
                                           const std::string& kv_cache_dtype) {
   sparse_mla::ConcatAndCacheArgs a;
-  a.kv_c = describe(kv_c);
-  a.k_pe = describe(k_pe);
-  a.kv_cache = describe(kv_cache);
-  a.slot_mapping = describe(slot_mapping);
-  a.k_scale = describe(k_scale);
+  a.kv_c = describe(kv_c, "kv_c");
+  a.k_pe = describe(k_pe, "k_pe");
+  a.kv_cache = describe(kv_cache, "kv_cache");
+  a.slot_mapping = describe(slot_mapping, "slot_mapping");
+  a.k_scale = describe(k_scale, "k_scale");
   a.kv_cache_dtype = kv_cache_dtype;
   return a;
 }
@@ -204,8 +212,8 @@ TORCH_LIBRARY(sparse_mla_bw, m) {
       "int topk, str kv_cache_dtype) -> ()");
   m.def(
       "check_sparse_mla_fwd(Tensor q, Tensor? q_pe, Tensor kv_cache, Tensor indices, "
-      "Tensor? topk_len, Tensor? k_scale, Tensor out, Tensor lse, float sm_scale, int topk, "
-      "str kv_cache_dtype) -> ()",
+      "Tensor? topk_len, Tensor? k_scale, Tensor out, Tensor lse, Tensor? workspace, float sm_scale, "
+      "int topk, str kv_cache_dtype) -> ()",
       &check_sparse_mla_fwd);
   m.def(
       "concat_and_cache_sparse_mla(Tensor kv_c, Tensor? k_pe, Tensor(a!) kv_cache, "

@@ -81,3 +81,22 @@ def test_cache_writer_matches_reference_bytes(kv_cache_dtype, rope):
     ops.concat_and_cache_sparse_mla(kv_c, k_pe, got, slots, kv_cache_dtype, k_scale)
     reference.write_kv_cache_reference(kv_c, k_pe, want, slots, kv_cache_dtype, k_scale)
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_cache_writer_never_writes_outside_the_cache():
+    """Slots >= num_rows (and -1) are skipped: a guard region after the cache stays intact."""
+    storage = torch.full((3 * 16, 576), 7.0, device="cuda", dtype=torch.bfloat16)
+    cache = storage[:32].view(2, 16, 576)  # rows 32.. are the guard region
+    slots = torch.tensor([0, 32, 40, -1, 2**40], device="cuda")
+    ops.concat_and_cache_sparse_mla(torch.ones(5, 512, device="cuda", dtype=torch.bfloat16),
+                                    torch.ones(5, 64, device="cuda", dtype=torch.bfloat16), cache, slots, "auto")
+    torch.cuda.synchronize()
+    assert (storage[0] == 1).all() and (storage[1:] == 7.0).all()
+
+
+def test_zero_tokens_is_a_no_op():
+    q = torch.empty(0, 16, 576, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(64, 576, device="cuda", dtype=torch.bfloat16)
+    out, lse = ops.sparse_mla_fwd(q, kv, torch.empty(0, 2048, device="cuda", dtype=torch.int32), 0.1)
+    torch.cuda.synchronize()
+    assert out.shape == (0, 16, 512) and lse.shape == (0, 16)

@@ -5,6 +5,7 @@ constants shared between C++ and Python."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -100,20 +101,64 @@ BAD_INPUTS = [
     ("out", lambda a: a.update(out=a["out"][..., :256]), "out.shape[2] must be 512"),
     ("lse", lambda a: a.update(lse=a["lse"].double()), "lse must be float32"),
     ("lse", lambda a: a.update(lse=a["lse"][:, :2]), "lse.shape[1] must be 4"),
-    ("sm_scale", lambda a: a.update(sm_scale=float("nan")), "sm_scale must be finite"),
+    ("sm_scale", lambda a: a.update(sm_scale=float("nan")), "sm_scale must be a finite float32"),
+    ("sm_scale", lambda a: a.update(sm_scale=1e300), "sm_scale must be a finite float32"),
+    ("topk", lambda a: a.update(topk=-5), "topk must be >= 1 (or -1"),
+    ("topk", lambda a: a.update(topk=3.7), "topk must be an int"),
+    ("q", lambda a: a.update(q=torch.randn(576, dtype=torch.bfloat16), out=None, lse=None), "q must have 3 dims"),
+    ("out", lambda a: a.update(out=torch.full((1, 1, 512), float("nan"), dtype=torch.bfloat16).expand(3, 4, 512)), "out must not overlap itself"),
+    ("lse", lambda a: a.update(lse=torch.full((1, 1), float("nan")).expand(3, 4)), "lse must not overlap itself"),
+    ("lse", lambda a: a.update(lse=a["out"].view(-1).view(torch.float32)[:12].view(3, 4)), "out must not overlap lse"),
+    ("out", lambda a: a.update(out=a["q"][..., :512]), "out must not overlap q"),
+    ("kv_cache", lambda a: a.update(kv_cache=torch.zeros(2, 2, 2, 2, 576, dtype=torch.bfloat16)), "kv_cache must have at most 4 dims"),
+    ("q", lambda a: a.update(q=a["q"].double()), "got Double"),
 ]
 
 
 @pytest.mark.parametrize("name,mutate,message", BAD_INPUTS, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD_INPUTS)])
 def test_bad_input_is_named_and_nothing_written(name, mutate, message):
     args = _good_args()
+    poisoned = args["out"]
     mutate(args)
-    out_before = args["out"].clone()
     with pytest.raises(ValueError) as err:
         ops.sparse_mla_fwd(**args)
     assert message in str(err.value)
     assert name.split(".")[0] in str(err.value)
-    assert torch.equal(args["out"].isnan(), out_before.isnan())  # still poisoned: nothing written
+    assert poisoned.isnan().all()  # still poisoned: nothing written
+
+
+def test_empty_cache_gives_empty_rows():
+    args = _good_args()
+    args["kv_cache"] = torch.zeros(0, 16, 576, dtype=torch.bfloat16)
+    out, lse = ops.sparse_mla_fwd(**args)
+    assert (out == 0).all() and (lse == float("-inf")).all()
+
+
+CACHE_BAD_INPUTS = [
+    ("k_scale", dict(k_scale=torch.ones(1)), "k_scale is only used with kv_cache_dtype fp8"),
+    ("slot_mapping", dict(slot_mapping=torch.arange(8)[::2]), "slot_mapping must be contiguous"),
+    ("slot_mapping", dict(slot_mapping=torch.arange(4, dtype=torch.int32)), "slot_mapping must be int64"),
+    ("kv_c", dict(kv_c=torch.ones(4, 500, dtype=torch.bfloat16)), "kv_c.shape[1] must be 512"),
+]
+
+
+@pytest.mark.parametrize("name,override,message", CACHE_BAD_INPUTS, ids=[c[0] for c in CACHE_BAD_INPUTS])
+def test_cache_writer_bad_input_writes_nothing(name, override, message):
+    args = dict(kv_c=torch.ones(4, 512, dtype=torch.bfloat16), k_pe=torch.ones(4, 64, dtype=torch.bfloat16),
+                kv_cache=torch.full((2, 4, 576), 7.0, dtype=torch.bfloat16), slot_mapping=torch.arange(4),
+                kv_cache_dtype="auto")
+    args.update(override)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ops.concat_and_cache_sparse_mla(**args)
+    assert (args["kv_cache"] == 7.0).all()
+
+
+def test_cache_writer_skips_slots_outside_the_cache():
+    cache = torch.full((2, 4, 576), 7.0, dtype=torch.bfloat16)
+    ops.concat_and_cache_sparse_mla(torch.ones(4, 512, dtype=torch.bfloat16), torch.ones(4, 64, dtype=torch.bfloat16),
+                                    cache, torch.tensor([0, 8, -1, 2**40]), "auto")
+    rows = cache.view(8, 576)
+    assert (rows[0] == 1).all() and (rows[1:] == 7.0).all()
 
 
 def test_format_constants_agree_with_cpp():

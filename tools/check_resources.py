@@ -60,7 +60,10 @@ def short_name(demangled: str) -> tuple[str, int]:
     m = re.match(r".*?(sparse_mla_fwd_kernel)<SparseMlaFwdTraits<(.*?)>, (\d+)>", name)
     if m:
         dyn = int(m.group(3))
-        name = f"fwd<{m.group(2).replace('__nv_bfloat16', 'bf16').replace('__half', 'fp16')}>"
+        parts = m.group(2).replace("__nv_bfloat16", "bf16").replace("__half", "fp16").split(", ")
+        if len(parts) == 4:  # q dtype, cache, D, head groups
+            parts[3] = f"{16 * int(parts[3])} heads"
+        name = f"fwd<{', '.join(parts)}>"
     else:
         name = re.sub(r"^void ", "", name[: name.rfind("(")]).replace("__nv_bfloat16", "bf16").replace("__half", "fp16")
     return name, dyn

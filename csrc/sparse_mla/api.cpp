@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "kernel_traits.h"
 
@@ -12,10 +13,11 @@ namespace sparse_mla {
 
 namespace {
 
-constexpr int kBlockH = 16;  // heads per block, SparseMlaFwdTraits::kBlockH for every config
 constexpr int kBlockN = 32;  // KV rows per tile, SparseMlaFwdTraits::kBlockN for every config
-static_assert(SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, kHeadSizeRoPE>::kBlockH == kBlockH);
-static_assert(SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, kHeadSizeRoPE>::kBlockN == kBlockN);
+static_assert(SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, kHeadSizeRoPE, 1>::kBlockN == kBlockN);
+constexpr int kMaxBlockH = 16 * kMaxHeadGroups;
+
+int block_heads(int num_heads) { return 16 * head_groups_for(num_heads); }
 
 // Messages are built with std::string and std::to_string only: no iostreams in the host API,
 // whose state a host process (Python with its own libstdc++) may not share with this module.
@@ -49,9 +51,42 @@ void require_dim(const TensorDesc& t, const char* name, int dim, const char* lay
   if (t.dim != dim) fail(name, " must have ", dim, " dims ", layout, ", got shape ", shape_str(t));
 }
 
+const char* dtype_str(const TensorDesc& t) {
+  return t.dtype == ScalarType::kOther && t.dtype_name != nullptr ? t.dtype_name : scalar_type_name(t.dtype);
+}
+
 void require_dtype(const TensorDesc& t, const char* name, ScalarType want) {
-  if (t.dtype != want)
-    fail(name, " must be ", scalar_type_name(want), ", got ", scalar_type_name(t.dtype));
+  if (t.dtype != want) fail(name, " must be ", scalar_type_name(want), ", got ", dtype_str(t));
+}
+
+// An output must not write one element twice (stride 0, overlapping strides).
+void require_non_overlapping(const TensorDesc& t, const char* name) {
+  int order[4] = {0, 1, 2, 3};
+  std::sort(order, order + t.dim, [&](int a, int b) { return t.strides[a] < t.strides[b]; });
+  int64_t extent = 1;  // elements spanned by the dims seen so far
+  for (int i = 0; i < t.dim; ++i) {
+    const int d = order[i];
+    if (t.sizes[d] <= 1) continue;
+    if (t.strides[d] < extent) fail(name, " must not overlap itself (stride ", t.strides[d], " in dim ", d, ")");
+    extent = t.strides[d] * t.sizes[d];
+  }
+}
+
+// Byte range [begin, end) a tensor's elements occupy.
+std::pair<uintptr_t, uintptr_t> byte_range(const TensorDesc& t) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data);
+  int64_t last = 0;
+  for (int d = 0; d < t.dim; ++d) {
+    if (t.sizes[d] == 0) return {begin, begin};
+    last += (t.sizes[d] - 1) * t.strides[d];
+  }
+  return {begin, begin + static_cast<uintptr_t>((last + 1) * t.element_size)};
+}
+
+void require_disjoint(const TensorDesc& out, const char* out_name, const TensorDesc& other, const char* other_name) {
+  if (!out.defined || !other.defined || out.is_cuda != other.is_cuda) return;
+  const auto a = byte_range(out), b = byte_range(other);
+  if (a.first < b.second && b.first < a.second) fail(out_name, " must not overlap ", other_name);
 }
 
 void require_size(const TensorDesc& t, const char* name, int d, int64_t want, const char* what) {
@@ -95,7 +130,7 @@ class DeviceCheck {
 DType element_dtype(const TensorDesc& q) {
   if (q.dtype == ScalarType::kBFloat16) return DType::kBFloat16;
   if (q.dtype == ScalarType::kFloat16) return DType::kFloat16;
-  fail("q must be bfloat16 or float16, got ", scalar_type_name(q.dtype));
+  fail("q must be bfloat16 or float16, got ", dtype_str(q));
 }
 
 // The cache's row width and dtype for its format; returns the number of rows.
@@ -108,15 +143,14 @@ int64_t check_kv_cache(const TensorDesc& kv, KvFormat fmt, int head_size) {
     case KvFormat::kFloat16: require_dtype(kv, "kv_cache", ScalarType::kFloat16); break;
     default:
       if (kv.dtype != ScalarType::kUInt8 && kv.dtype != ScalarType::kFloat8E4m3)
-        fail("kv_cache must be uint8 or float8_e4m3fn for an fp8 kv_cache_dtype, got ",
-             scalar_type_name(kv.dtype));
+        fail("kv_cache must be uint8 or float8_e4m3fn for an fp8 kv_cache_dtype, got ", dtype_str(kv));
   }
   const int64_t width = kv_row_bytes(fmt, head_size) / kv.element_size;
   if (kv.sizes[kv.dim - 1] != width)
     fail("kv_cache last dim must be ", width, " for this kv_cache_dtype and head_size ", head_size,
          ", got shape ", shape_str(kv));
   require_vector_rows(kv, "kv_cache");
-  if (kv.dim == 3 && kv.sizes[0] > 1 && kv.strides[0] != kv.sizes[1] * kv.strides[1])
+  if (kv.dim == 3 && kv.sizes[0] > 1 && kv.sizes[1] > 0 && kv.strides[0] != kv.sizes[1] * kv.strides[1])
     fail("kv_cache blocks must be evenly spaced rows (stride(0) == shape[1] * stride(1))");
   return kv.dim == 3 ? kv.sizes[0] * kv.sizes[1] : kv.sizes[0];
 }
@@ -148,8 +182,7 @@ KvFormat parse_kv_cache_dtype(const std::string& s, const TensorDesc& kv_cache) 
   if (s == "auto") {
     if (kv_cache.dtype == ScalarType::kBFloat16) return KvFormat::kBFloat16;
     if (kv_cache.dtype == ScalarType::kFloat16) return KvFormat::kFloat16;
-    fail("kv_cache_dtype 'auto' needs a bfloat16 or float16 kv_cache, got ",
-         scalar_type_name(kv_cache.dtype));
+    fail("kv_cache_dtype 'auto' needs a bfloat16 or float16 kv_cache, got ", dtype_str(kv_cache));
   }
   if (s == "bfloat16" || s == "bf16") return KvFormat::kBFloat16;
   if (s == "float16" || s == "half" || s == "fp16") return KvFormat::kFloat16;
@@ -160,14 +193,17 @@ KvFormat parse_kv_cache_dtype(const std::string& s, const TensorDesc& kv_cache) 
 
 SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes) {
   const int num_tiles = (topk + kBlockN - 1) / kBlockN;
-  const int64_t base_blocks = static_cast<int64_t>(num_tokens) * ((num_heads + kBlockH - 1) / kBlockH);
+  const int bh = block_heads(num_heads);
+  const int64_t base_blocks = static_cast<int64_t>(num_tokens) * ((num_heads + bh - 1) / bh);
   SplitPlan plan{1, std::max(num_tiles, 1)};
-  if (num_sms <= 0 || base_blocks >= num_sms || num_tiles < 2 * kMinTilesPerSplit) return plan;
+  if (num_sms <= 0 || base_blocks <= 0 || base_blocks >= num_sms || num_tiles < 2 * kMinTilesPerSplit) return plan;
   const int64_t target = static_cast<int64_t>(kTargetBlocksPerSm) * num_sms;
   int splits = static_cast<int>(std::min<int64_t>((target + base_blocks - 1) / base_blocks, kMaxSplits));
   splits = std::min(splits, num_tiles / kMinTilesPerSplit);
-  // Partial results: [splits, T, H, 512] + [splits, T, H] fp32.
+  // Partial results: [splits, T, H, 512] + [splits, T, H] fp32, written once and read back at
+  // once by the combine pass: keep them small enough to stay in L2 (kMaxPartialBytes).
   const int64_t per_split = static_cast<int64_t>(num_tokens) * num_heads * (kHeadSizeV + 1) * 4;
+  splits = static_cast<int>(std::min<int64_t>(splits, kMaxPartialBytes / per_split));
   splits = static_cast<int>(std::min<int64_t>(splits, workspace_bytes / per_split));
   if (splits <= 1) return plan;
   plan.tiles_per_split = (num_tiles + splits - 1) / splits;
@@ -176,9 +212,9 @@ SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int num_sms, int6
 }
 
 int64_t workspace_size(int num_sms) {
-  // A split launch has at most target + base < (kTargetBlocksPerSm + 1) * num_sms blocks of
-  // kBlockH heads each.
-  return static_cast<int64_t>(kTargetBlocksPerSm + 1) * num_sms * kBlockH * (kHeadSizeV + 1) * 4;
+  // A split launch has at most target + base < (kTargetBlocksPerSm + 1) * num_sms blocks of at
+  // most kMaxBlockH heads each.
+  return static_cast<int64_t>(kTargetBlocksPerSm + 1) * num_sms * kMaxBlockH * (kHeadSizeV + 1) * 4;
 }
 
 SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_cuda, int num_sms) {
@@ -221,6 +257,7 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   if (a.indices.strides[1] != 1 && a.indices.sizes[1] > 1)
     fail("indices must have a contiguous last dim (stride 1), got stride ", a.indices.strides[1]);
   same_device(a.indices, "indices");
+  if (a.topk < -1) fail("topk must be >= 1 (or -1 for indices.shape[1]), got ", a.topk);
   const int64_t topk = a.topk < 0 ? a.indices.sizes[1] : a.topk;
   if (topk < 1) fail("topk must be >= 1, got ", topk, " (the default is indices.shape[1])");
   if (topk > a.indices.sizes[1])
@@ -242,6 +279,7 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   require_size(a.out, "out", 1, H, "num_heads of q");
   require_size(a.out, "out", 2, kHeadSizeV, "kv_lora_rank");
   require_vector_rows(a.out, "out");
+  require_non_overlapping(a.out, "out");
   same_device(a.out, "out");
 
   require_defined(a.lse, "lse");
@@ -249,7 +287,17 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   require_dtype(a.lse, "lse", ScalarType::kFloat32);
   require_size(a.lse, "lse", 0, T, "num_tokens of q");
   require_size(a.lse, "lse", 1, H, "num_heads of q");
+  require_non_overlapping(a.lse, "lse");
   same_device(a.lse, "lse");
+  for (const auto& [out, out_name] : {std::pair{&a.out, "out"}, std::pair{&a.lse, "lse"}}) {
+    require_disjoint(*out, out_name, a.q, "q");
+    require_disjoint(*out, out_name, a.q_pe, "q_pe");
+    require_disjoint(*out, out_name, a.kv_cache, "kv_cache");
+    require_disjoint(*out, out_name, a.indices, "indices");
+    require_disjoint(*out, out_name, a.topk_len, "topk_len");
+    require_disjoint(*out, out_name, a.workspace, "workspace");
+  }
+  require_disjoint(a.out, "out", a.lse, "lse");
 
   int64_t workspace_bytes = 0;
   if (a.workspace.defined) {
@@ -260,7 +308,8 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
     same_device(a.workspace, "workspace");
     workspace_bytes = a.workspace.sizes[0];
   }
-  if (!std::isfinite(a.sm_scale)) fail("sm_scale must be finite, got ", a.sm_scale);
+  if (!std::isfinite(a.sm_scale) || std::fabs(a.sm_scale) > 3.0e38)
+    fail("sm_scale must be a finite float32 value, got ", a.sm_scale);
 
   SparseMlaFwdLaunch launch{};
   launch.dtype = dtype;
@@ -293,9 +342,9 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   p.num_tokens = static_cast<int>(T);
   p.num_heads = static_cast<int>(H);
   p.head_size = static_cast<int>(head_size);
-  p.sm_scale = a.sm_scale;
-  p.sm_scale_log2 = a.sm_scale * 1.4426950408889634f;
-  if (T > (int64_t{1} << 30) / ((H + kBlockH - 1) / kBlockH)) fail("q.shape[0] (num_tokens) is too large");
+  p.sm_scale = static_cast<float>(a.sm_scale);
+  p.sm_scale_log2 = static_cast<float>(a.sm_scale * 1.4426950408889634);
+  if (T > (int64_t{1} << 30) / ((H + 15) / 16)) fail("q.shape[0] (num_tokens) is too large");
   const SplitPlan split = plan_splits(p.num_tokens, p.num_heads, p.topk, num_sms, workspace_bytes);
   p.num_splits = split.num_splits;
   p.tiles_per_split = split.tiles_per_split;
@@ -336,9 +385,14 @@ ConcatAndCacheLaunch check_concat_and_cache(const ConcatAndCacheArgs& a, bool re
   require_dim(a.slot_mapping, "slot_mapping", 1, "[num_tokens]");
   require_dtype(a.slot_mapping, "slot_mapping", ScalarType::kInt64);
   require_size(a.slot_mapping, "slot_mapping", 0, T, "num_tokens of kv_c");
+  if (a.slot_mapping.strides[0] != 1 && T > 1) fail("slot_mapping must be contiguous");
   same_device(a.slot_mapping, "slot_mapping");
   check_k_scale(a.k_scale);
+  if (a.k_scale.defined && launch.format != KvFormat::kFp8E4m3)
+    fail("k_scale is only used with kv_cache_dtype fp8 / fp8_e4m3");
   same_device(a.k_scale, "k_scale");
+  require_disjoint(a.kv_cache, "kv_cache", a.kv_c, "kv_c");
+  require_disjoint(a.kv_cache, "kv_cache", a.k_pe, "k_pe");
   return launch;
 }
 

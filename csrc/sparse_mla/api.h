@@ -27,6 +27,7 @@ struct TensorDesc {
   bool is_cuda = false;
   int device_index = -1;
   int64_t element_size = 0;  // bytes
+  const char* dtype_name = nullptr;  // the framework's name, for messages about kOther
 };
 
 // A bad argument: the message names the argument and what was expected.
@@ -40,7 +41,7 @@ KvFormat parse_kv_cache_dtype(const std::string& kv_cache_dtype, const TensorDes
 
 struct SparseMlaFwdArgs {
   TensorDesc q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, workspace;
-  float sm_scale = 0.f;
+  double sm_scale = 0.0;
   int64_t topk = -1;  // -1: indices.size(1)
   std::string kv_cache_dtype = "auto";
 };
@@ -67,9 +68,10 @@ struct SplitPlan {
   int tiles_per_split;
 };
 SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes);
-constexpr int kMinTilesPerSplit = 2;
+constexpr int kMinTilesPerSplit = 1;
 constexpr int kMaxSplits = 64;
 constexpr int kTargetBlocksPerSm = 2;
+constexpr int64_t kMaxPartialBytes = int64_t{8} << 20;
 
 // Workspace bytes that cover every split plan on a device with num_sms SMs.
 int64_t workspace_size(int num_sms);

@@ -1,4 +1,4 @@
-// Run-time (dtype, format, head_size) -> the instantiated kernel configuration.
+// Run-time (dtype, format, head_size, heads) -> the instantiated kernel configuration.
 #include "kernel_traits.h"
 #include "launch.h"
 #include "static_switch.h"
@@ -11,7 +11,9 @@ cudaError_t dispatch_sparse_mla_fwd(const SparseMlaFwdParams& p, DType dtype, Kv
   return SPARSE_MLA_DTYPE_SWITCH(dtype, Element, [&] {
     return SPARSE_MLA_FORMAT_SWITCH(format, kFormat, [&] {
       return SPARSE_MLA_HEADDIM_SWITCH(p.head_size, kHeadDim, [&] {
-        return run_sparse_mla_fwd<SparseMlaFwdTraits<Element, kFormat, kHeadDim>>(p, stream);
+        return SPARSE_MLA_HEADGROUPS_SWITCH(head_groups_for(p.num_heads), kHeadGroups, [&] {
+          return run_sparse_mla_fwd<SparseMlaFwdTraits<Element, kFormat, kHeadDim, kHeadGroups>>(p, stream);
+        });
       });
     });
   });

@@ -1,6 +1,6 @@
 // fp8 cache rows (e4m3 with a per-tensor scale, and vLLM's 656-byte fp8_ds_mla record): loaded
 // into registers one tile ahead, decoded into shared memory. e4m3 values are exactly
-// representable in bf16, so decoding is exact; the scales are applied in fp32 by the kernel.
+// representable in bf16 and fp16, so decoding is exact; the kernel applies the scales in fp32.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,15 +8,17 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "formats.h"
 #include "mma_utils.cuh"
 
 namespace sparse_mla {
 
-// 16 e4m3 values -> 16 bf16 (two 16-byte chunks). The e4m3x2 -> f16x2 step is one hardware
-// instruction on sm_89+ and a short integer sequence before that (cuda_fp8.h).
-__device__ __forceinline__ void e4m3x16_to_bf16(uint4 raw, uint4& lo, uint4& hi) {
+// 16 e4m3 values -> 16 Element (two 16-byte chunks), exactly. The e4m3x2 -> f16x2 step is
+// one hardware instruction on sm_89+ and a short integer sequence before that (cuda_fp8.h).
+template <typename Element>
+__device__ __forceinline__ void e4m3x16_decode(uint4 raw, uint4& lo, uint4& hi) {
   const uint32_t in[4] = {raw.x, raw.y, raw.z, raw.w};
   uint32_t o[8];
 #pragma unroll
@@ -25,8 +27,12 @@ __device__ __forceinline__ void e4m3x16_to_bf16(uint4 raw, uint4& lo, uint4& hi)
     for (int h = 0; h < 2; ++h) {
       __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(
           static_cast<__nv_fp8x2_storage_t>((in[i] >> (16 * h)) & 0xffffu), __NV_E4M3);
-      const float2 f = __half22float2(*reinterpret_cast<__half2*>(&h2));
-      o[2 * i + h] = pack2<__nv_bfloat16>(f.x, f.y);
+      if constexpr (std::is_same_v<Element, __half>) {
+        o[2 * i + h] = *reinterpret_cast<uint32_t*>(&h2);
+      } else {
+        const float2 f = __half22float2(*reinterpret_cast<__half2*>(&h2));
+        o[2 * i + h] = pack2<__nv_bfloat16>(f.x, f.y);
+      }
     }
   }
   lo = make_uint4(o[0], o[1], o[2], o[3]);
@@ -39,16 +45,16 @@ template <typename Traits>
 struct Fp8RowLoader {
   static constexpr KvFormat kFormat = Traits::kFormat;
   static_assert(kFormat == KvFormat::kFp8E4m3 || kFormat == KvFormat::kFp8DsMla);
-  static_assert(Traits::kMmaBf16);
+  using Element = typename Traits::Element;
   static constexpr int kD = Traits::kHeadDim;
   static constexpr int kTpr = Traits::kThreadsPerRow;
   // Raw 16-byte chunks (16 e4m3 values) of the latent (fp8_ds_mla) or of the whole row.
   static constexpr int kMainChunks = Traits::kDsMla ? kKvLoraRank / 16 : kD / 16;
-  static constexpr int kMainPerThread = kMainChunks / kTpr;
-  static_assert(kMainPerThread * kTpr == kMainChunks);
-  // fp8_ds_mla with D = 576: 64 bf16 rope values = 8 chunks of 8, copied as they are.
+  static constexpr int kMainPerThread = (kMainChunks + kTpr - 1) / kTpr;  // last one predicated
+  // fp8_ds_mla with D = 576: 64 bf16 rope values = 8 chunks of 8 (to fp16 for an fp16 MMA).
   static constexpr bool kDsRope = Traits::kDsMla && kD == kHeadSizeRoPE;
   static constexpr int kRopePerThread = kDsRope ? (kQkRopeHeadDim / 8) / kTpr : 0;
+  static_assert(!kDsRope || kRopePerThread * kTpr == kQkRopeHeadDim / 8);
 
   uint4 main[kMainPerThread];
   uint4 rope[kRopePerThread > 0 ? kRopePerThread : 1];
@@ -58,8 +64,10 @@ struct Fp8RowLoader {
   __device__ __forceinline__ void load(const uint8_t* row, bool row_valid, int sub) {
     valid = row_valid;
 #pragma unroll
-    for (int i = 0; i < kMainPerThread; ++i)
-      main[i] = valid ? __ldg(reinterpret_cast<const uint4*>(row) + sub + i * kTpr) : make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < kMainPerThread; ++i) {
+      const int c = sub + i * kTpr;
+      main[i] = valid && c < kMainChunks ? __ldg(reinterpret_cast<const uint4*>(row) + c) : make_uint4(0, 0, 0, 0);
+    }
     if constexpr (Traits::kDsMla) {
       scales = valid ? __ldg(reinterpret_cast<const float4*>(row + kDsMlaScaleOffset))
                      : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -72,20 +80,31 @@ struct Fp8RowLoader {
     }
   }
 
-  // Decode into the shared-memory row `dst` (kD bf16 values); the row's scales to `scale_dst`.
-  __device__ __forceinline__ void store(__nv_bfloat16* dst, float* scale_dst, int sub) const {
+  // Decode into the shared-memory row `dst` (kD values); the row's scales to `scale_dst`.
+  __device__ __forceinline__ void store(Element* dst, float* scale_dst, int sub) const {
 #pragma unroll
     for (int i = 0; i < kMainPerThread; ++i) {
       const int c = sub + i * kTpr;
+      if (c >= kMainChunks) break;
       uint4 lo, hi;
-      e4m3x16_to_bf16(main[i], lo, hi);
+      e4m3x16_decode<Element>(main[i], lo, hi);
       reinterpret_cast<uint4*>(dst)[2 * c] = lo;
       reinterpret_cast<uint4*>(dst)[2 * c + 1] = hi;
     }
     if constexpr (kDsRope) {
 #pragma unroll
-      for (int i = 0; i < kRopePerThread; ++i)
-        reinterpret_cast<uint4*>(dst + kKvLoraRank)[sub + i * kTpr] = rope[i];
+      for (int i = 0; i < kRopePerThread; ++i) {
+        uint4 v = rope[i];
+        if constexpr (std::is_same_v<Element, __half>) {
+          uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+            w[k] = pack2<__half>(f.x, f.y);
+          }
+        }
+        reinterpret_cast<uint4*>(dst + kKvLoraRank)[sub + i * kTpr] = v;
+      }
     }
     if constexpr (Traits::kDsMla) {
       if (sub == 0) *reinterpret_cast<float4*>(scale_dst) = scales;

@@ -25,8 +25,8 @@ cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream)
   err = cudaGetLastError();
   if (err != cudaSuccess || p.num_splits == 1) return err;
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.num_heads;
-  const unsigned blocks = static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps);
-  sparse_mla_combine_kernel<typename Traits::QElement><<<blocks, kCombineWarps * 32, 0, stream>>>(p);
+  sparse_mla_combine_kernel<typename Traits::QElement>
+      <<<static_cast<unsigned>(rows), kCombineThreads, p.num_splits * sizeof(float), stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -1,10 +1,10 @@
 // The sparse-MLA forward kernel (SPEC §3.1) on the warp-level mma.sync path.
 //
-// Grid: x = token * num_head_groups + head_group (blocks of one token are adjacent, so the KV
-// rows they share are read from DRAM once and from L2 after), y = split of the top-k axis.
-// Per KV tile of kBlockN gathered rows:
-//   1. S = Q K^T      each warp: 16 heads x 8 rows, K-dim = D, from shared Q and KV.
-//   2. online softmax 8 threads per head over the tile's 32 scores (base 2, fp32).
+// Grid: x = token * head_blocks + head_block (blocks of one token are adjacent, so the KV rows
+// they share are read from DRAM once and from L2 after), y = split of the top-k axis.
+// Per KV tile of kBlockN gathered rows (see kernel_traits.h for the warp roles):
+//   1. S = Q K^T      each warp: 16 heads x 32 rows over a quarter of D, Q from registers.
+//   2. online softmax 8 threads per head sum the 4 partial scores of 4 rows (base 2, fp32).
 //   3. O += P V       each warp: 16 heads x 128 columns, K-dim = 32 rows, V = the first 512
 //                     columns of the same shared tile.
 // A masked slot is zero-filled without a read and its score forced to -inf.
@@ -57,23 +57,29 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   constexpr int kTpr = Traits::kThreadsPerRow;
   constexpr int kStages = Traits::kStages;
   constexpr int kPParts = Traits::kPParts;
+  constexpr int kQParts = Traits::kQParts;
+  constexpr int kSteps = Traits::kStepsPerWarp;
+  constexpr int kLatentSteps = Traits::kLatentStepsPerWarp;
+  constexpr int kWpg = Traits::kWarpsPerGroup;
 
   extern __shared__ __align__(128) uint8_t smem[];
-  Element* sQ = reinterpret_cast<Element*>(smem + Traits::kSmemQOffset);  // [kQParts][16][pitch]
   Element* sKV = reinterpret_cast<Element*>(smem + Traits::kSmemKVOffset);
-  float* sS = reinterpret_cast<float*>(smem + Traits::kSmemSOffset);
-  Element* sP = reinterpret_cast<Element*>(smem + Traits::kSmemPOffset);  // [kPBuffers][16][pitch]
+  float* sS = reinterpret_cast<float*>(smem + Traits::kSmemSOffset);      // [g][w][16][pitch]
+  Element* sP = reinterpret_cast<Element*>(smem + Traits::kSmemPOffset);  // [g][buffer][16][pitch]
   float* sAlpha = reinterpret_cast<float*>(smem + Traits::kSmemStatsOffset);
   float* sL = sAlpha + kBlockH;
   int* sValid = reinterpret_cast<int*>(smem + Traits::kSmemValidOffset);
   float* sScale = reinterpret_cast<float*>(smem + Traits::kSmemScaleOffset);  // [kBlockN][4]
+  float* sNorm = reinterpret_cast<float*>(smem + Traits::kSmemNormOffset);    // [4], kDsNormalize
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int num_head_groups = (p.num_heads + kBlockH - 1) / kBlockH;
-  const int t = blockIdx.x / num_head_groups;
-  const int h0 = (blockIdx.x % num_head_groups) * kBlockH;
+  const int grp = warp / kWpg;  // head group of this warp
+  const int wq = warp % kWpg;   // its quarter of D (S) and of the 512 output columns (O)
+  const int head_blocks = (p.num_heads + kBlockH - 1) / kBlockH;
+  const int t = blockIdx.x / head_blocks;
+  const int h0 = (blockIdx.x % head_blocks) * kBlockH;
   const int split = blockIdx.y;
 
   // This block's KV tiles.
@@ -94,42 +100,13 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const int64_t r = __ldg(idx_ptr + j);
     return (r >= 0 && r < p.num_kv_rows) ? r : -1;
   };
+  // First column of this warp's k-step s: latent steps, then its share of the rope steps.
+  auto step_col = [&](int s) {
+    return s < kLatentSteps ? (wq * kLatentSteps + s) * 16
+                            : kKvLoraRank + (wq * Traits::kRopeStepsPerWarp + s - kLatentSteps) * 16;
+  };
 
-  // Q: 16 heads x D into shared memory (zeros for heads past num_heads).
-  {
-    const int h = tid / 8;
-    const bool h_ok = h0 + h < p.num_heads;
-    const int64_t hh = h_ok ? h0 + h : 0;
-    const QElement* qn = static_cast<const QElement*>(p.q_nope) + t * p.q_nope_stride_t + hh * p.q_nope_stride_h;
-    const QElement* qp = p.q_pe == nullptr ? qn
-                         : static_cast<const QElement*>(p.q_pe) + t * p.q_pe_stride_t + hh * p.q_pe_stride_h;
-#pragma unroll
-    for (int c = tid % 8; c < kD / 8; c += 8) {
-      const int col = c * 8;
-      const QElement* src = col < p.q_nope_dim ? qn + col : qp + (col - p.q_nope_dim);
-      Element* dst = sQ + h * kPitch + col;
-      if constexpr (!Traits::kQConvert) {
-        cp_async_16(dst, src, h_ok);
-      } else {
-        // 8 values: bf16 -> fp16, or fp16 -> bf16 hi + lo (second Q copy).
-        const uint4 raw = h_ok ? __ldg(reinterpret_cast<const uint4*>(src)) : make_uint4(0, 0, 0, 0);
-        const QElement* v = reinterpret_cast<const QElement*>(&raw);
-#pragma unroll
-        for (int i = 0; i < 8; i += 2)
-          store_split2<Element, Traits::kQSplit>(dst + i, dst + Traits::kBlockH * kPitch + i,
-                                                 static_cast<float>(v[i]), static_cast<float>(v[i + 1]));
-      }
-    }
-  }
-
-  // fp8_e4m3: S and O carry the per-tensor scale, applied in fp32.
-  float tensor_scale = 1.f;
-  if constexpr (Traits::kFormat == KvFormat::kFp8E4m3) {
-    if (p.k_scale != nullptr) tensor_scale = __ldg(p.k_scale);
-  }
-  const float score_scale = p.sm_scale_log2 * tensor_scale;
-
-  // fp8 register path: the tile in flight.
+  // fp8 register path: the tile in flight. Issued first so its latency overlaps the Q loads.
   using Loader = std::conditional_t<Traits::kDirectCopy, int, Fp8RowLoader<Traits>>;
   Loader loader;
   int64_t next_row = num_tiles > 0 ? row_index(0) : -1;
@@ -154,18 +131,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       if (g_sub == 0) sValid[g_row] = loader.valid;
     }
   };
-
-  // Softmax role: thread owns head tid / 8 and 4 scores of each tile; keeps the running max (m,
-  // base-2 scaled) and sum (l) in registers.
-  const int sm_h = tid / 8;
-  const int sm_k = (tid % 8) * 4;
-  float m_run = -INFINITY, l_run = 0.f;
-
-  float acc_o[Traits::kDvPerWarp / 8][4];
-#pragma unroll
-  for (int n = 0; n < Traits::kDvPerWarp / 8; ++n) acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.f;
-
-  // Prologue.
   if constexpr (Traits::kDirectCopy) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
@@ -173,68 +138,128 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       cp_async_commit();
     }
   } else {
-    cp_async_commit();  // Q
     issue_tile(0, 0);
+  }
+
+  // Q as m16n8k16 A fragments of this warp's 16 heads and k-steps, in registers for the whole
+  // kernel: (a0, a1, a2, a3) = rows (r, r + 8) x column pairs (c, c + 8), r = lane / 4,
+  // c = 2 (lane % 4). Heads past num_heads are zeros.
+  uint32_t q_frag[kSteps][kQParts][4];
+  {
+    const QElement* qn[2];
+    const QElement* qp[2];
+    bool ok[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int h = h0 + grp * 16 + lane / 4 + rr * 8;
+      ok[rr] = h < p.num_heads;
+      const int64_t hh = ok[rr] ? h : 0;
+      qn[rr] = static_cast<const QElement*>(p.q_nope) + t * p.q_nope_stride_t + hh * p.q_nope_stride_h;
+      qp[rr] = p.q_pe == nullptr ? qn[rr]
+               : static_cast<const QElement*>(p.q_pe) + t * p.q_pe_stride_t + hh * p.q_pe_stride_h;
+    }
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int rr = i & 1;
+        const int c = step_col(s) + (lane % 4) * 2 + (i >> 1) * 8;
+        const QElement* src = c < p.q_nope_dim ? qn[rr] + c : qp[rr] + (c - p.q_nope_dim);
+        const uint32_t raw = ok[rr] ? __ldg(reinterpret_cast<const uint32_t*>(src)) : 0u;
+        if constexpr (!Traits::kQConvert) {
+          q_frag[s][0][i] = raw;
+        } else {
+          // bf16 -> fp16, or fp16 -> bf16 hi + lo.
+          const QElement* v = reinterpret_cast<const QElement*>(&raw);
+          const float x0 = static_cast<float>(v[0]), x1 = static_cast<float>(v[1]);
+          q_frag[s][0][i] = pack2<Element>(x0, x1);
+          if constexpr (Traits::kQSplit) {
+            const Element* hi = reinterpret_cast<const Element*>(&q_frag[s][0][i]);
+            q_frag[s][1][i] = pack2<Element>(x0 - static_cast<float>(hi[0]), x1 - static_cast<float>(hi[1]));
+          }
+        }
+      }
+    }
+  }
+
+  // fp8_e4m3: S and O carry the per-tensor scale, applied in fp32.
+  float tensor_scale = 1.f;
+  if constexpr (Traits::kFormat == KvFormat::kFp8E4m3) {
+    if (p.k_scale != nullptr) tensor_scale = __ldg(p.k_scale);
+  }
+  const float score_scale = p.sm_scale_log2 * tensor_scale;
+
+  if constexpr (!Traits::kDirectCopy) {
     store_tile();
     issue_tile(1, 0);
   }
 
+  // Softmax role: thread owns head tid / 8 and 4 scores of each tile; keeps the running max (m,
+  // base-2 scaled) and sum (l) in registers.
+  const int sm_h = tid / 8;  // 0 .. kBlockH - 1
+  const int sm_g = sm_h / 16;
+  const int sm_k = (tid % 8) * 4;
+  float m_run = -INFINITY, l_run = 0.f;
+
+  float acc_o[Traits::kDvPerWarp / 8][4];
+#pragma unroll
+  for (int n = 0; n < Traits::kDvPerWarp / 8; ++n) acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.f;
+
   for (int it = 0; it < num_tiles; ++it) {
     const int stage = it % kStages;
     if constexpr (Traits::kDirectCopy) cp_async_wait<kStages - 1>();
-    else cp_async_wait<0>();
     __syncthreads();
     const Element* sK = sKV + stage * (kBlockN * kPitch);
 
-    // 1. S = Q K^T for this warp's 8 rows. fp8_ds_mla: one partial sum per 128-column scale
-    //    tile, scaled per row (key) in fp32; the bf16 rope part has scale 1.
+    // 1. Partial S = Q K^T over this warp's k-steps, all 32 rows. fp8_ds_mla: the latent part is
+    //    scaled per row by scale tile wq in fp32; the bf16 rope part has scale 1.
     {
-      float acc_s[4] = {0.f, 0.f, 0.f, 0.f};
-      const Element* q_base = sQ + (lane % 16) * kPitch + (lane / 16) * 8;
-      const Element* k_base = sK + (warp * 8 + lane % 8) * kPitch + (lane / 8) * 8;
-      constexpr int kSegment = Traits::kDsMla ? kDsMlaTile / 16 : kD / 16;  // k-steps per segment
+      float acc_s[4][4] = {};
+      float acc_rope[4][4] = {};
+      const Element* k_base = sK + ((lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) & 1) * 8;
 #pragma unroll
-      for (int seg = 0; seg < kD / 16; seg += kSegment) {
-        float part[4] = {0.f, 0.f, 0.f, 0.f};
-        const int seg_end = seg + kSegment < kD / 16 ? seg + kSegment : kD / 16;
-#pragma unroll 4
-        for (int kk = seg; kk < seg_end; kk += 2) {
-          uint32_t b[4];
-          ldmatrix_x4(b, k_base + kk * 16);
+      for (int s = 0; s < kSteps; ++s) {
+        uint32_t b[2][4];
+        ldmatrix_x4(b[0], k_base + step_col(s));
+        ldmatrix_x4(b[1], k_base + 16 * kPitch + step_col(s));
 #pragma unroll
-          for (int part_q = 0; part_q < Traits::kQParts; ++part_q) {
-            uint32_t a0[4], a1[4];
-            ldmatrix_x4(a0, q_base + part_q * kBlockH * kPitch + kk * 16);
-            ldmatrix_x4(a1, q_base + part_q * kBlockH * kPitch + kk * 16 + 16);
-            mma_16816<Element>(part, a0, b[0], b[1]);
-            mma_16816<Element>(part, a1, b[2], b[3]);
-          }
-        }
-        if constexpr (Traits::kDsMla) {
-          const int key = warp * 8 + (lane % 4) * 2;
-          const int tile = seg * 16 / kDsMlaTile;
-          const float s0 = tile < 4 ? sScale[key * 4 + tile] : 1.f;
-          const float s1 = tile < 4 ? sScale[(key + 1) * 4 + tile] : 1.f;
-          acc_s[0] += s0 * part[0];
-          acc_s[1] += s1 * part[1];
-          acc_s[2] += s0 * part[2];
-          acc_s[3] += s1 * part[3];
-        } else {
+        for (int nt = 0; nt < 4; ++nt) {
+          float(&acc)[4] = (Traits::kDsMla && s >= kLatentSteps) ? acc_rope[nt] : acc_s[nt];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) acc_s[i] += part[i];
+          for (int part = 0; part < kQParts; ++part)
+            mma_16816<Element>(acc, q_frag[s][part], b[nt / 2][(nt % 2) * 2], b[nt / 2][(nt % 2) * 2 + 1]);
         }
       }
-      const int r = lane / 4, c = warp * 8 + (lane % 4) * 2;
-      *reinterpret_cast<float2*>(sS + r * Traits::kSPitch + c) = make_float2(acc_s[0], acc_s[1]);
-      *reinterpret_cast<float2*>(sS + (r + 8) * Traits::kSPitch + c) = make_float2(acc_s[2], acc_s[3]);
+      float* s_out = sS + warp * Traits::kSmemSPartElems + (lane / 4) * Traits::kSPitch + (lane % 4) * 2;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        if constexpr (Traits::kDsMla) {
+          const int key = nt * 8 + (lane % 4) * 2;
+          const float sc0 = sScale[key * 4 + wq], sc1 = sScale[(key + 1) * 4 + wq];
+          acc_s[nt][0] = sc0 * acc_s[nt][0] + acc_rope[nt][0];
+          acc_s[nt][1] = sc1 * acc_s[nt][1] + acc_rope[nt][1];
+          acc_s[nt][2] = sc0 * acc_s[nt][2] + acc_rope[nt][2];
+          acc_s[nt][3] = sc1 * acc_s[nt][3] + acc_rope[nt][3];
+        }
+        *reinterpret_cast<float2*>(s_out + nt * 8) = make_float2(acc_s[nt][0], acc_s[nt][1]);
+        *reinterpret_cast<float2*>(s_out + 8 * Traits::kSPitch + nt * 8) = make_float2(acc_s[nt][2], acc_s[nt][3]);
+      }
     }
     __syncthreads();
 
     // 2. Online softmax over the tile.
     {
-      const float4 s4 = *reinterpret_cast<const float4*>(sS + sm_h * Traits::kSPitch + sm_k);
+      const float* s_in = sS + (sm_g * kWpg) * Traits::kSmemSPartElems + (sm_h % 16) * Traits::kSPitch + sm_k;
+      float x[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int w = 0; w < kWpg; ++w) {
+        const float4 s4 = *reinterpret_cast<const float4*>(s_in + w * Traits::kSmemSPartElems);
+        x[0] += s4.x;
+        x[1] += s4.y;
+        x[2] += s4.z;
+        x[3] += s4.w;
+      }
       const int* valid = sValid + stage * kBlockN + sm_k;
-      float x[4] = {s4.x, s4.y, s4.z, s4.w};
       float tile_max = -INFINITY;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -258,13 +283,30 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       for (int o = 1; o < 8; o <<= 1) psum += __shfl_xor_sync(~0u, psum, o);
       l_run = l_run * alpha + psum;
       m_run = m_new;
-      // P for the MMA: fp8_ds_mla folds each row's scale for warp w's columns into P copy w.
+      // P for the MMA: fp8_ds_mla folds each row's scale for warp w's columns into P copy w
+      // (divided by norm[w], a power of two, when that copy is fp16).
+      float norm[kWpg] = {1.f, 1.f, 1.f, 1.f};
+      if constexpr (Traits::kDsNormalize) {
 #pragma unroll
-      for (int w = 0; w < (Traits::kDsMla ? Traits::kNumWarps : 1); ++w) {
+        for (int w = 0; w < kWpg; ++w) {
+          float smax = 0.f;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) smax = fmaxf(smax, sScale[(sm_k + i) * 4 + w]);
+#pragma unroll
+          for (int o = 1; o < 8; o <<= 1) smax = fmaxf(smax, __shfl_xor_sync(~0u, smax, o));
+          // 2^floor(log2 smax): keeps p * scale / norm in [0, 2).
+          norm[w] = smax > 0.f ? __uint_as_float(__float_as_uint(smax) & 0x7f800000u) : 1.f;
+          if (norm[w] == 0.f) norm[w] = 1.f;  // subnormal scales
+        }
+        if (tid < kWpg) sNorm[tid] = norm[tid];
+      }
+      Element* p_row = sP + sm_g * Traits::kPBuffers * Traits::kSmemPBufferElems + (sm_h % 16) * Traits::kPPitch + sm_k;
+#pragma unroll
+      for (int w = 0; w < (Traits::kDsMla ? kWpg : 1); ++w) {
         float q4[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) q4[i] = Traits::kDsMla ? pr[i] * sScale[(sm_k + i) * 4 + w] : pr[i];
-        Element* hi = sP + (w * kPParts) * Traits::kSmemPBufferElems + sm_h * Traits::kPPitch + sm_k;
+        for (int i = 0; i < 4; ++i) q4[i] = Traits::kDsMla ? pr[i] * sScale[(sm_k + i) * 4 + w] / norm[w] : pr[i];
+        Element* hi = p_row + (w * kPParts) * Traits::kSmemPBufferElems;
         Element* lo = hi + Traits::kSmemPBufferElems;
         store_split2<Element, Traits::kPSplit>(hi, lo, q4[0], q4[1]);
         store_split2<Element, Traits::kPSplit>(hi + 2, lo + 2, q4[2], q4[3]);
@@ -275,7 +317,13 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 
     // 3. O = alpha * O + P V for this warp's 128 columns.
     {
-      const float alpha0 = sAlpha[lane / 4], alpha1 = sAlpha[lane / 4 + 8];
+      float alpha0 = sAlpha[grp * 16 + lane / 4], alpha1 = sAlpha[grp * 16 + lane / 4 + 8];
+      float norm = 1.f;
+      if constexpr (Traits::kDsNormalize) {  // O = norm * (alpha / norm * O + P' V), exactly
+        norm = sNorm[wq];
+        alpha0 /= norm;
+        alpha1 /= norm;
+      }
 #pragma unroll
       for (int n = 0; n < Traits::kDvPerWarp / 8; ++n) {
         acc_o[n][0] *= alpha0;
@@ -283,7 +331,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         acc_o[n][2] *= alpha1;
         acc_o[n][3] *= alpha1;
       }
-      const Element* p_base = sP + ((Traits::kDsMla ? warp : 0) * kPParts) * Traits::kSmemPBufferElems +
+      const Element* p_base = sP + (grp * Traits::kPBuffers + (Traits::kDsMla ? wq : 0) * kPParts) * Traits::kSmemPBufferElems +
                               (lane % 16) * Traits::kPPitch + (lane / 16) * 8;
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -292,7 +340,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         for (int part = 0; part < kPParts; ++part)
           ldmatrix_x4(a[part], p_base + part * Traits::kSmemPBufferElems + kk * 16);
         const Element* v_base = sK + (kk * 16 + (lane % 8) + ((lane >> 3) & 1) * 8) * kPitch +
-                                warp * Traits::kDvPerWarp + (lane >> 4) * 8;
+                                wq * Traits::kDvPerWarp + (lane >> 4) * 8;
 #pragma unroll
         for (int n2 = 0; n2 < Traits::kDvPerWarp / 16; ++n2) {
           uint32_t b[4];
@@ -303,6 +351,12 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
             mma_16816<Element>(acc_o[2 * n2 + 1], a[part], b[2], b[3]);
           }
         }
+      }
+      if constexpr (Traits::kDsNormalize) {
+#pragma unroll
+        for (int n = 0; n < Traits::kDvPerWarp / 8; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc_o[n][i] *= norm;
       }
     }
     __syncthreads();  // everyone is done with this stage, sS and sP
@@ -333,12 +387,12 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   __syncthreads();
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int r = lane / 4 + half * 8;
+    const int r = grp * 16 + lane / 4 + half * 8;
     const int h = h0 + r;
     if (h >= p.num_heads) continue;
     const float l = sL[r];
     const float inv = l > 0.f ? tensor_scale / l : 0.f;
-    const int col0 = warp * Traits::kDvPerWarp + (lane % 4) * 2;
+    const int col0 = wq * Traits::kDvPerWarp + (lane % 4) * 2;
     if (p.num_splits == 1) {
       QElement* out = static_cast<QElement*>(p.out) + t * p.out_stride_t + static_cast<int64_t>(h) * p.out_stride_h;
 #pragma unroll

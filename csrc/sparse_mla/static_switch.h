@@ -50,3 +50,14 @@
       return __VA_ARGS__();                                  \
     }                                                        \
   }()
+
+#define SPARSE_MLA_HEADGROUPS_SWITCH(HEAD_GROUPS, NAME, ...) \
+  [&] {                                                     \
+    if ((HEAD_GROUPS) == 2) {                               \
+      constexpr int NAME = 2;                               \
+      return __VA_ARGS__();                                 \
+    } else {                                                \
+      constexpr int NAME = 1;                               \
+      return __VA_ARGS__();                                 \
+    }                                                       \
+  }()

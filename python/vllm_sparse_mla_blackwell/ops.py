@@ -63,7 +63,7 @@ if EXTENSION_ERROR is None:
                             sm_scale, topk, kv_cache_dtype):
         # Same argument checks as the CUDA path, then the fp32 reference.
         torch.ops.sparse_mla_bw.check_sparse_mla_fwd(
-            q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, sm_scale, topk, kv_cache_dtype
+            q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, workspace, sm_scale, topk, kv_cache_dtype
         )
         head_size = q.shape[-1] + (0 if q_pe is None else q_pe.shape[-1])
         rows = reference.dequantize_kv_cache(kv_cache, kv_cache_dtype, head_size, k_scale)
@@ -150,6 +150,10 @@ def sparse_mla_fwd(
             D, topk < 1), naming the argument, before any launch; nothing is written then.
         RuntimeError: the op library is not built, or a CUDA error.
     """
+    if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int)):
+        raise ValueError(f"topk must be an int or None, got {topk!r}")
+    if q.dim() != 3 and (out is None or lse is None):
+        raise ValueError(f"q must have 3 dims [num_tokens, num_heads, head_size], got shape {tuple(q.shape)}")
     num_tokens, num_heads = q.shape[0], q.shape[1]
     if out is None:
         out = torch.empty(num_tokens, num_heads, formats.HEAD_SIZE_V, dtype=q.dtype, device=q.device)
@@ -159,7 +163,7 @@ def sparse_mla_fwd(
         workspace = get_workspace(q.device)
     _ops().sparse_mla_fwd(
         q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, workspace,
-        float(sm_scale), -1 if topk is None else int(topk), kv_cache_dtype,
+        float(sm_scale), -1 if topk is None else topk, kv_cache_dtype,
     )
     return out, lse
 

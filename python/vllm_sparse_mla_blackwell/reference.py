@@ -77,7 +77,7 @@ def sparse_mla_reference(
     device = q.device
     out = torch.zeros(num_tokens, num_heads, formats.HEAD_SIZE_V, dtype=torch.float32, device=device)
     lse = torch.full((num_tokens, num_heads), float("-inf"), dtype=torch.float32, device=device)
-    if num_tokens == 0:
+    if num_tokens == 0 or num_kv_rows == 0:  # nothing valid: out = 0, lse = -inf
         return out, lse
     valid = valid_index_mask(indices, num_kv_rows, topk, topk_len)
     chunk = max(1, max_gather_bytes // max(1, topk * head_size * 4))

@@ -9,13 +9,16 @@ using namespace sparse_mla;
 
 namespace {
 
-alignas(16) unsigned char g_buffer[64];
+// The checks never dereference data: each tensor gets its own 16-byte aligned fake address,
+// far enough from the others that no two overlap.
+uintptr_t g_next_address = uintptr_t{1} << 20;
 
 TensorDesc tensor(ScalarType dtype, std::initializer_list<int64_t> sizes, int64_t element_size, bool cuda = true,
                   int device = 0) {
   TensorDesc t;
   t.defined = true;
-  t.data = g_buffer;
+  t.data = reinterpret_cast<const void*>(g_next_address);
+  g_next_address += uintptr_t{1} << 36;
   t.dtype = dtype;
   t.dim = static_cast<int>(sizes.size());
   int i = 0;
@@ -90,12 +93,28 @@ TEST(SparseMlaFwdChecks, NamesTheBadArgument) {
   EXPECT_NE(error_of(a).find("indices must have a contiguous last dim"), std::string::npos);
 
   a = good_args();
-  a.out.data = g_buffer + 4;
+  a.out.data = static_cast<const char*>(a.out.data) + 4;
   EXPECT_NE(error_of(a).find("out must start at a 16-byte aligned address"), std::string::npos);
 
   a = good_args();
   a.topk = 0;
   EXPECT_NE(error_of(a).find("topk must be >= 1"), std::string::npos);
+}
+
+TEST(SparseMlaFwdChecks, ZeroTokensPlansAnEmptyLaunch) {
+  auto a = good_args(/*T=*/0);
+  const auto launch = plan_sparse_mla_fwd(a, true, 132);
+  EXPECT_TRUE(launch.empty);
+  EXPECT_EQ(launch.params.num_splits, 1);
+}
+
+TEST(SparseMlaFwdChecks, OutputsMayNotOverlap) {
+  auto a = good_args();
+  a.out.strides[1] = 0;
+  EXPECT_NE(error_of(a).find("out must not overlap itself"), std::string::npos);
+  a = good_args();
+  a.out.data = a.q.data;
+  EXPECT_NE(error_of(a).find("out must not overlap q"), std::string::npos);
 }
 
 TEST(SparseMlaFwdChecks, CpuPathAcceptsCpuTensorsOnly) {
@@ -121,7 +140,9 @@ TEST(SplitPlan, SplitsOnlyWhenTheGridIsSmall) {
   EXPECT_EQ(plan_splits(4096, 64, 2048, 132, ws).num_splits, 1);
   EXPECT_EQ(plan_splits(132, 16, 2048, 132, ws).num_splits, 1);
   // Short top-k: nothing to split.
-  EXPECT_EQ(plan_splits(1, 16, 64, 132, ws).num_splits, 1);
+  EXPECT_EQ(plan_splits(1, 16, 32, 132, ws).num_splits, 1);
+  // No tokens: nothing to plan (and no division by zero).
+  EXPECT_EQ(plan_splits(0, 16, 2048, 132, ws).num_splits, 1);
   // No workspace: no split.
   EXPECT_EQ(plan_splits(1, 16, 2048, 132, 0).num_splits, 1);
 }
