@@ -297,8 +297,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           // 2^floor(log2 smax): keeps p * scale / norm in [0, 2).
           norm[w] = smax > 0.f ? __uint_as_float(__float_as_uint(smax) & 0x7f800000u) : 1.f;
           if (norm[w] == 0.f) norm[w] = 1.f;  // subnormal scales
+          if (tid == w) sNorm[w] = norm[w];    // constant index: norm stays in registers
         }
-        if (tid < kWpg) sNorm[tid] = norm[tid];
       }
       Element* p_row = sP + sm_g * Traits::kPBuffers * Traits::kSmemPBufferElems + (sm_h % 16) * Traits::kPPitch + sm_k;
 #pragma unroll
