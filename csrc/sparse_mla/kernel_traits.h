@@ -11,10 +11,6 @@
 
 namespace sparse_mla {
 
-template <typename T> struct ElementDType;
-template <> struct ElementDType<__nv_bfloat16> { static constexpr DType value = DType::kBFloat16; };
-template <> struct ElementDType<__half> { static constexpr DType value = DType::kFloat16; };
-
 // Heads one block serves: 16 (one m16 tile), or 32 when a token has more heads, so that each
 // gathered KV tile feeds twice the MMA work and L2 serves each row to half as many blocks.
 constexpr int kMaxHeadGroups = 2;
