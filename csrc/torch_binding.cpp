@@ -197,6 +197,10 @@ int64_t bench_mma_sync_peak(const at::Tensor& sink, int64_t num_blocks, int64_t 
 
 int64_t workspace_size(int64_t num_sms) { return sparse_mla::workspace_size(static_cast<int>(num_sms)); }
 
+// The CUDA targets this library was built for, as GLM53_ARCHS listed them ("80,120a", plus
+// "ptx80" when PTX was embedded).
+std::string compiled_targets() { return SPARSE_MLA_TARGETS; }
+
 std::vector<int64_t> format_constants() {
   return {sparse_mla::kKvLoraRank,       sparse_mla::kQkRopeHeadDim,    sparse_mla::kHeadSizeV,
           sparse_mla::kMaxNumHeads,      sparse_mla::kSmemBudgetBytes,  sparse_mla::kDsMlaRecordBytes,
@@ -224,6 +228,7 @@ TORCH_LIBRARY(sparse_mla_bw, m) {
       &check_concat_and_cache);
   m.def("workspace_size(int num_sms) -> int", &workspace_size);
   m.def("format_constants() -> int[]", &format_constants);
+  m.def("compiled_targets() -> str", &compiled_targets);
   m.def("bench_gather_rows(Tensor rows, Tensor indices, Tensor(a!) checksum) -> ()", &bench_gather_rows);
   m.def("bench_mma_sync_peak(Tensor(a!) sink, int num_blocks, int iters) -> int", &bench_mma_sync_peak);
 }

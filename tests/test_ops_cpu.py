@@ -208,3 +208,21 @@ def test_fp8_e4m3_cache_roundtrip():
     full = torch.cat([kv_c, k_pe], -1).float()
     assert ((rows - full).abs() <= full.abs() * 0.0625 + 0.25 * 2**-9).all()
     assert ((rows - full).abs() > 0).any()  # it really is quantised
+
+
+@pytest.mark.parametrize("targets,capability,ok", [
+    (["120a"], (12, 0), True), (["120a"], (12, 1), False), (["121a"], (12, 0), False),
+    (["120"], (12, 1), True), (["80"], (8, 9), True), (["80"], (9, 0), False),
+    (["80", "ptx80"], (10, 0), True), (["90a"], (9, 0), True), (["86"], (8, 0), False),
+])
+def test_unsupported_device_reason_follows_cuda_compatibility(monkeypatch, targets, capability, ok):
+    monkeypatch.setattr(ops, "compiled_targets", lambda: targets)
+    reason = ops.unsupported_device_reason(capability)
+    assert (reason is None) == ok
+    if not ok:
+        assert "GLM53_ARCHS=" in reason
+
+
+def test_library_records_its_targets():
+    targets = ops.compiled_targets()
+    assert targets and all(t.removeprefix("ptx").rstrip("af").isdigit() for t in targets)

@@ -198,6 +198,7 @@ def on_cuda(cuda_platform_module, monkeypatch):
     platform = platform_cls()
     monkeypatch.setattr(vllm.platforms, "_current_platform", platform)
     monkeypatch.setattr(ops, "extension_available", lambda: True)
+    monkeypatch.setattr(ops, "compiled_targets", lambda: ["80", "90", "120a", "121a"])
 
     def select(capability, head_size, dtype, kv_cache_dtype, *, use_mla=True, use_sparse=True,
                backend=None, block_size=None):
@@ -810,3 +811,12 @@ def test_mla_layer_end_to_end(cpu_runtime, model_configs, head_size, kv_cache_dt
     expected = torch.einsum("thl,hlv->thv", latent, layer.W_UV.float()).reshape(num_tokens, -1)
     rel = (output.float() - expected).norm(dim=-1) / expected.norm(dim=-1)
     assert float(rel.max()) <= 1e-2, rel  # bf16 q absorption and up-projection
+
+
+def test_selector_rejects_a_library_built_for_another_gpu(on_cuda, monkeypatch):
+    """A GB10-only build (GLM53_ARCHS=121a) is refused on an RTX 5090 (sm_120), with the fix."""
+    monkeypatch.setattr(ops, "compiled_targets", lambda: ["121a"])
+    invalid = r"is not valid for this configuration. Reason: \[.*"
+    with pytest.raises(ValueError, match=invalid + "rebuild with GLM53_ARCHS=120a"):
+        on_cuda((12, 0), 576, torch.bfloat16, "bfloat16", backend=BACKEND_NAME)
+    assert on_cuda((12, 1), 576, torch.bfloat16, "bfloat16").get_name() == BACKEND_NAME

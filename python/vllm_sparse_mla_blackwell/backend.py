@@ -287,6 +287,9 @@ class SparseMLABlackwellBackend(AttentionBackend):
     ) -> str | None:
         if not ops.extension_available():
             return f"{BACKEND_NAME}: the sparse-MLA op library did not load ({ops.EXTENSION_ERROR})"
+        reason = ops.unsupported_device_reason((device_capability.major, device_capability.minor))
+        if reason is not None:
+            return f"{BACKEND_NAME}: {reason}"
         from vllm.config import get_current_vllm_config_or_none
 
         vllm_config = get_current_vllm_config_or_none()

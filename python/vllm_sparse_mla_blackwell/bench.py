@@ -1,10 +1,10 @@
 """``python -m vllm_sparse_mla_blackwell bench``: decode/prefill timing against measured ceilings
 (SPEC §6).
 
-For every shape (model x heads x query tokens) and cache dtype it times the kernel with CUDA
-events (median of many launches after warm-up; index sets rotated so that runs do not hit each
-other's rows in L2; about a second of idle before each shape because the clocks drop under
-sustained load), and in the same run measures the two ceilings with the project's own kernels:
+For every shape (model x heads x query tokens) and cache dtype it times the kernel as vLLM runs
+it, in a CUDA graph of back-to-back calls (median of 5 replays after ~50 ms of warm-up; index
+sets rotated so that calls do not hit each other's rows in L2; about a second of idle before
+each shape because the clocks drop under sustained load), and in the same run measures the two ceilings with the project's own kernels:
 the random-row gather of the same rows at the same slots, and the mma.sync bf16 peak. It prints
 a table and writes a JSON file and a roofline PNG.
 
@@ -217,6 +217,16 @@ def main(json_path: str = "bench.json", png_path: str = "bench_roofline.png", qu
     if not torch.cuda.is_available():
         console.print("[bold red]bench needs a CUDA GPU and none is visible.[/] Exit 3.")
         return 3
+    try:
+        import matplotlib  # noqa: F401  (checked before the run, used for the roofline PNG)
+    except ImportError:
+        console.print("[bold red]bench writes a roofline PNG with matplotlib: pip install matplotlib[/]")
+        return 1
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    reason = ops.unsupported_device_reason((props.major, props.minor))
+    if reason is not None:
+        console.print(f"[bold red]{props.name}: {reason}[/]")
+        return 1
     tokens = (1, 64, 1024) if quick else TOKENS
     rows, meta = run(tokens=tokens, idle_s=0.2 if quick else 1.0,
                      progress=lambda s: track(s, description="shapes", console=console))

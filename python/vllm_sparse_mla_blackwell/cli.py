@@ -1,4 +1,4 @@
-"""Command line: ``python -m vllm_sparse_mla_blackwell {verify,bench}`` (SPEC §2 item 5)."""
+"""Command line: ``python -m vllm_sparse_mla_blackwell {verify,bench}``."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vllm_sparse_mla_blackwell", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    v = sub.add_parser("verify", help="run the SPEC §5 correctness case matrix on the GPU")
+    v = sub.add_parser("verify", help="run the correctness case matrix on the GPU against an fp32 reference")
     v.add_argument("--quick", action="store_true", help="a small subset, for smoke tests")
     v.add_argument("--no-fp8", action="store_true", help="16-bit KV caches only")
     v.add_argument("--json", metavar="PATH", help="also write every case's numbers as JSON")
-    b = sub.add_parser("bench", help="time the SPEC §6 shapes against the measured gather and mma.sync ceilings")
+    b = sub.add_parser("bench", help="time GLM-5.3-Flash / DeepSeek-V3.2 shapes against the measured gather and mma.sync ceilings (needs matplotlib)")
     b.add_argument("--quick", action="store_true", help="T in (1, 64, 1024) only, short idle")
     b.add_argument("--json", default="bench.json", metavar="PATH", help="results as JSON (default bench.json)")
     b.add_argument("--png", default="bench_roofline.png", metavar="PATH", help="roofline plot (default bench_roofline.png)")

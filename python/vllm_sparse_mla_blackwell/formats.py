@@ -1,7 +1,8 @@
 """Model and cache-format constants (SPEC §1, §3.3).
 
-The C++ side defines the same facts in ``csrc/sparse_mla/formats.h``; ``tests/test_formats.py``
-checks that the two agree through ``torch.ops.sparse_mla_bw.format_constants``.
+The C++ side defines the same facts in ``csrc/sparse_mla/formats.h``;
+``tests/test_ops_cpu.py::test_format_constants_agree_with_cpp`` checks that the two agree through
+``torch.ops.sparse_mla_bw.format_constants``.
 """
 
 from __future__ import annotations

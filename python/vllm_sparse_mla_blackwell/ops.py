@@ -81,6 +81,38 @@ if EXTENSION_ERROR is None:
         reference.write_kv_cache_reference(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale)
 
 
+def compiled_targets() -> list[str]:
+    """CUDA targets the op library was built for (``GLM53_ARCHS``), e.g. ``["120a"]`` or
+    ``["80", "86", "89", "90", "120", "ptx80"]``."""
+    return _ops().compiled_targets().split(",")
+
+
+def unsupported_device_reason(capability: tuple[int, int]) -> str | None:
+    """Why the built library cannot run on a GPU of this compute capability, or ``None``.
+
+    CUDA's rules: machine code for ``sm_XY`` runs on X.Y and later minors of major X; an
+    arch-specific ``sm_XYa`` only on X.Y itself; embedded PTX ``compute_XY`` is compiled by the
+    driver for any X.Y or newer.
+    """
+    if EXTENSION_ERROR is not None:
+        return f"the sparse-MLA op library did not load ({EXTENSION_ERROR})"
+    major, minor = capability
+    for target in compiled_targets():
+        digits = target.removeprefix("ptx").rstrip("af")
+        t_major, t_minor = int(digits[:-1]), int(digits[-1])
+        if target.startswith("ptx"):
+            ok = (major, minor) >= (t_major, t_minor)
+        elif target.endswith("a"):
+            ok = (major, minor) == (t_major, t_minor)
+        else:  # plain sm_XY, and family targets XYf
+            ok = major == t_major and minor >= t_minor
+        if ok:
+            return None
+    return (f"the op library was built for {','.join(compiled_targets())} (GLM53_ARCHS), which cannot run on "
+            f"compute capability {major}.{minor}; rebuild with GLM53_ARCHS={major}{minor}"
+            f"{'a' if major >= 9 else ''}")
+
+
 _WORKSPACES: dict[int, torch.Tensor] = {}
 
 

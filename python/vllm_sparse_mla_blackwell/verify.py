@@ -169,8 +169,12 @@ def main(quick: bool = False, json_path: str | None = None, fp8: bool = True) ->
         return EXIT_FAILED
     device = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(device)
+    reason = ops.unsupported_device_reason((props.major, props.minor))
+    if reason is not None:
+        console.print(f"[bold red]{props.name}: {reason}[/]")
+        return EXIT_FAILED
     console.print(f"verify on {props.name} (sm_{props.major}{props.minor}, {props.multi_processor_count} SMs), "
-                  f"torch {torch.__version__}\nbars: per-row rel err <= {cases.MAX_REL_ERR} against the fp32 reference; "
+                  f"library built for {','.join(ops.compiled_targets())}, torch {torch.__version__}\nbars: per-row rel err <= {cases.MAX_REL_ERR} against the fp32 reference; "
                   f"per-row cosine >= {cases.MIN_COSINE} against the fp32 reference rounded to out's dtype "
                   f"(the unrounded cosine is shown too: bf16 rounding alone takes it to ~0.999997); "
                   f"lse err <= {cases.MAX_LSE_ERR}; masked rows exact")
