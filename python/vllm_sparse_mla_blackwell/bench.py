@@ -126,6 +126,10 @@ def _naive(q, rows, idx, sm_scale):
 
 def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, naive: bool = True,
         progress=None) -> tuple[list[Row], dict]:
+    """Time every (model, heads, tokens) shape for each cache dtype, with the gather ceiling at
+    the same slots; ``naive`` adds the PyTorch baseline for T <= 64 (bf16 only). ``progress``
+    wraps the shape list (e.g. ``rich.progress.track``). Returns the rows (µs, GB/s, TFLOP/s and
+    their fractions of the ceilings) and run metadata (device, measured mma.sync peak, date)."""
     device = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(device)
     mma_peak = measure_mma_peak(device)
@@ -180,6 +184,7 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
 
 
 def roofline_png(rows: list[Row], meta: dict, path: str) -> None:
+    """Write a log-log roofline (FLOP per gathered byte against TFLOP/s) with one point per row."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -209,6 +214,8 @@ def roofline_png(rows: list[Row], meta: dict, path: str) -> None:
 
 
 def main(json_path: str = "bench.json", png_path: str = "bench_roofline.png", quick: bool = False) -> int:
+    """Run ``run`` (``quick``: T in 1, 64, 1024), print the table, write JSON and PNG. Returns the
+    exit status: 0 done, 1 matplotlib missing or the library cannot run on this GPU, 3 no GPU."""
     from rich.console import Console
     from rich.progress import track
     from rich.table import Table

@@ -71,6 +71,7 @@ def case_groups(quick: bool, kv_dtypes: tuple[str, ...]) -> dict[str, list[Case]
 
 
 def run_case(case: Case, device: torch.device) -> CaseResult:
+    """One matrix case: fresh inputs (``cases.make_inputs``), the op, the fp32 comparison."""
     inputs = cases.make_inputs(case, device)
     lse = torch.full(inputs.out.shape[:2], float("nan"), dtype=torch.float32, device=device)
     out, lse = ops.sparse_mla_fwd(
@@ -145,6 +146,7 @@ def run_stress(device: torch.device, launches: int, timeout_s: float = 120.0) ->
 
 
 def iter_jobs(quick: bool, kv_dtypes: tuple[str, ...]) -> Iterator[tuple[str, str, Callable[[torch.device], CaseResult]]]:
+    """``(group, label, job)`` for every case, then the CUDA-graph and back-to-back checks."""
     for name, cs in case_groups(quick, kv_dtypes).items():
         for c in cs:
             yield name, c.label(), (lambda dev, c=c: run_case(c, dev))
@@ -155,6 +157,10 @@ def iter_jobs(quick: bool, kv_dtypes: tuple[str, ...]) -> Iterator[tuple[str, st
 
 
 def main(quick: bool = False, json_path: str | None = None, fp8: bool = True) -> int:
+    """Run the matrix (``quick``: a few cases per group; ``fp8``: include the fp8 caches), print
+    a table per group and a verdict, optionally write every case as JSON to ``json_path``.
+    Returns the exit status: 0 all passed, 1 a case failed or the library cannot run on this
+    GPU, 3 no CUDA GPU visible."""
     from rich.console import Console
     from rich.progress import track
     from rich.table import Table
@@ -182,15 +188,16 @@ def main(quick: bool = False, json_path: str | None = None, fp8: bool = True) ->
     jobs = list(iter_jobs(quick, kv_dtypes))
     results: dict[str, list[CaseResult]] = {}
     for group, label, job in track(jobs, description="cases", console=console, transient=False):
+        device_fault = False
         try:
             r = job(device)
         except Exception as exc:  # a crash is a failed case, reported with its message
             r = CaseResult(Case(), float("nan"), float("nan"), float("nan"), False, False, False,
                            note=f"{label}: {type(exc).__name__}: {exc}")
-            if isinstance(exc, torch.AcceleratorError) if hasattr(torch, "AcceleratorError") else False:
-                results.setdefault(group, []).append(r)
-                break  # the context is unusable after a device fault
+            device_fault = isinstance(exc, getattr(torch, "AcceleratorError", ()))
         results.setdefault(group, []).append(r)
+        if device_fault:
+            break  # the CUDA context is unusable after a device fault
 
     summary = Table(title="verify summary (SPEC §5)")
     for col in ("group", "cases", "worst rel err", "min cosine", "min cosine vs fp32", "worst lse err",
