@@ -195,26 +195,39 @@ SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int num_sms, int6
   const int num_tiles = (topk + kBlockN - 1) / kBlockN;
   const int bh = block_heads(num_heads);
   const int64_t base_blocks = static_cast<int64_t>(num_tokens) * ((num_heads + bh - 1) / bh);
-  SplitPlan plan{1, std::max(num_tiles, 1)};
-  if (num_sms <= 0 || base_blocks <= 0 || base_blocks >= num_sms || num_tiles < 2 * kMinTilesPerSplit) return plan;
-  const int64_t target = static_cast<int64_t>(kTargetBlocksPerSm) * num_sms;
-  int splits = static_cast<int>(std::min<int64_t>((target + base_blocks - 1) / base_blocks, kMaxSplits));
-  splits = std::min(splits, num_tiles / kMinTilesPerSplit);
-  // Partial results: [splits, T, H, 512] + [splits, T, H] fp32, written once and read back at
-  // once by the combine pass: keep them small enough to stay in L2 (kMaxPartialBytes).
+  SplitPlan best{1, std::max(num_tiles, 1)};
+  if (num_sms <= 0 || base_blocks <= 0 || num_tiles < 2) return best;
+  // Partial results per split: [T, H, 512] + [T, H] fp32.
   const int64_t per_split = static_cast<int64_t>(num_tokens) * num_heads * (kHeadSizeV + 1) * 4;
-  splits = static_cast<int>(std::min<int64_t>(splits, kMaxPartialBytes / per_split));
-  splits = static_cast<int>(std::min<int64_t>(splits, workspace_bytes / per_split));
-  if (splits <= 1) return plan;
-  plan.tiles_per_split = (num_tiles + splits - 1) / splits;
-  plan.num_splits = (num_tiles + plan.tiles_per_split - 1) / plan.tiles_per_split;
-  return plan;
+  // Time in tile-times of one SM: the most blocks an SM runs one after another x tiles per
+  // block, plus for a split launch the combine pass (kCombineFixedTiles, and its partial-result
+  // traffic at kCombineBytesPerTile per SM per tile-time). Ties go to fewer splits.
+  auto cost = [&](int tiles_per_split, int splits) {
+    const int64_t waves = (base_blocks * splits + num_sms - 1) / num_sms;
+    double c = static_cast<double>(waves * tiles_per_split);
+    if (splits > 1)
+      c += kCombineFixedTiles + static_cast<double>(per_split) * splits / num_sms / kCombineBytesPerTile;
+    return c;
+  };
+  double best_cost = cost(best.tiles_per_split, 1);
+  const int max_splits = std::min(kMaxSplits, num_tiles / kMinTilesPerSplit);
+  for (int s = 2; s <= max_splits; ++s) {
+    const int tiles_per_split = (num_tiles + s - 1) / s;
+    const int splits = (num_tiles + tiles_per_split - 1) / tiles_per_split;  // no empty split
+    if (base_blocks * splits > static_cast<int64_t>(kMaxSplitBlocksPerSm) * num_sms) break;
+    if (per_split * splits > workspace_bytes) break;
+    const double c = cost(tiles_per_split, splits);
+    if (c < best_cost - 1e-9) {
+      best_cost = c;
+      best = SplitPlan{splits, tiles_per_split};
+    }
+  }
+  return best;
 }
 
 int64_t workspace_size(int num_sms) {
-  // A split launch has at most target + base < (kTargetBlocksPerSm + 1) * num_sms blocks of at
-  // most kMaxBlockH heads each.
-  return static_cast<int64_t>(kTargetBlocksPerSm + 1) * num_sms * kMaxBlockH * (kHeadSizeV + 1) * 4;
+  // A split launch has at most kMaxSplitBlocksPerSm * num_sms blocks of at most kMaxBlockH heads.
+  return static_cast<int64_t>(kMaxSplitBlocksPerSm) * num_sms * kMaxBlockH * (kHeadSizeV + 1) * 4;
 }
 
 SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_cuda, int num_sms) {

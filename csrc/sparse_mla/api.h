@@ -61,17 +61,21 @@ struct SparseMlaFwdLaunch {
 SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& args, bool require_cuda, int num_sms);
 
 // Split of the top-k axis across blocks for a launch of num_tokens x num_heads (flash-decoding):
-// split only when the un-split grid would leave SMs idle, keep >= kMinTilesPerSplit tiles per
-// split, and never need more workspace than `workspace_bytes`.
+// the split count that minimises a simple cost model (tiles per SM plus the combine pass, see
+// api.cpp), with >= kMinTilesPerSplit tiles per split, at most kMaxSplitBlocksPerSm blocks per
+// SM, and never more workspace than `workspace_bytes`.
 struct SplitPlan {
   int num_splits;
   int tiles_per_split;
 };
 SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes);
 constexpr int kMinTilesPerSplit = 1;
-constexpr int kMaxSplits = 64;
-constexpr int kTargetBlocksPerSm = 2;
-constexpr int64_t kMaxPartialBytes = int64_t{8} << 20;
+constexpr int kMaxSplits = 128;
+constexpr int kMaxSplitBlocksPerSm = 3;
+// Combine-pass cost in tile-times (one block's time for one KV tile; ~2 us on the H200): a fixed
+// part for its launch, and the write + read of the partial results (bytes per SM per tile-time).
+constexpr double kCombineFixedTiles = 1.0;
+constexpr double kCombineBytesPerTile = 64.0 * 1024;
 
 // Workspace bytes that cover every split plan on a device with num_sms SMs.
 int64_t workspace_size(int num_sms);

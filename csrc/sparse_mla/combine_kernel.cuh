@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "formats.h"
 #include "mma_utils.cuh"
@@ -13,6 +14,35 @@
 namespace sparse_mla {
 
 constexpr int kCombineThreads = kHeadSizeV / 4;  // one float4 of out per thread
+
+// Whether the current device runs programmatic dependent launches (compute capability >= 9.0),
+// unless SPARSE_MLA_DISABLE_PDL=1 is set (a plain second launch, for comparison or a driver
+// that mishandles them). Cached per device: it is asked once per split launch.
+inline cudaError_t device_has_programmatic_launch(bool& has) {
+  static const bool disabled = [] {
+    const char* v = std::getenv("SPARSE_MLA_DISABLE_PDL");
+    return v != nullptr && v[0] == '1';
+  }();
+  if (disabled) {
+    has = false;
+    return cudaSuccess;
+  }
+  constexpr int kMaxDevices = 64;
+  static int major_of[kMaxDevices] = {};  // 0: not asked yet
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device >= kMaxDevices) {
+    has = false;
+    return cudaSuccess;
+  }
+  if (major_of[device] == 0) {
+    err = cudaDeviceGetAttribute(&major_of[device], cudaDevAttrComputeCapabilityMajor, device);
+    if (err != cudaSuccess) return err;
+  }
+  has = major_of[device] >= 9;
+  return cudaSuccess;
+}
 
 // One block per (token, head). The split weights are computed once into shared memory; each
 // thread then sums its 4 columns over the splits with the loads unrolled, so that many reads of
@@ -27,6 +57,11 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int t = static_cast<int>(row / p.num_heads);
   const int h = static_cast<int>(row % p.num_heads);
   const int tid = threadIdx.x;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent (launch_template.cuh): wait for the forward kernel's
+  // completion and the visibility of its partial results.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   if (tid < 32) {
     float lse_max = -INFINITY;
     for (int s = tid; s < p.num_splits; s += 32) lse_max = fmaxf(lse_max, p.partial_lse[s * rows + row]);

@@ -26,13 +26,13 @@ struct SparseMlaFwdTraits {
   static_assert(kHeadDim == kHeadSizeNoPE || kHeadDim == kHeadSizeRoPE, "D must be 512 or 576");
 
   // Precision plan (SPEC §5 asks for per-row cosine >= 0.999998, i.e. little beyond the final
-  // rounding of out). Cache values enter the MMA exactly: fp16 caches as fp16, bf16 caches as
-  // bf16, e4m3 values (exactly representable in both) in q's type, with their scales applied
-  // in fp32. q enters exactly too: as is, bf16 -> fp16 (exact in fp16's range), or fp16 -> bf16
-  // split into hi + lo bf16 parts. P in bf16 would lose 2^-9, so bf16 P is split into hi + lo.
-  static constexpr bool kFp8 = kFormat == KvFormat::kFp8E4m3 || kFormat == KvFormat::kFp8DsMla;
-  static constexpr bool kMmaBf16 =
-      kFormat == KvFormat::kBFloat16 || (kFp8 && std::is_same_v<QElement, __nv_bfloat16>);
+  // rounding of out). Cache values enter the MMA exactly: bf16 caches as bf16, fp16 caches as
+  // fp16, e4m3 values (exactly representable in fp16) as fp16, with their scales applied in
+  // fp32. q enters exactly too (in fp16's range): as is, bf16 -> fp16, or fp16 -> bf16 split into
+  // hi + lo bf16 parts. P in bf16 would lose 2^-9 (per-row cosine ~0.999996), so with a bf16
+  // cache P is split into hi + lo; in fp16 (2^-12) one part is enough, which halves the P V MMAs
+  // of the fp16 and fp8 caches.
+  static constexpr bool kMmaBf16 = kFormat == KvFormat::kBFloat16;
   using Element = std::conditional_t<kMmaBf16, __nv_bfloat16, __half>;  // MMA operand type
   static constexpr bool kQConvert = !std::is_same_v<QElement, Element>;
   static constexpr bool kQSplit = kMmaBf16 && kQConvert;
@@ -92,8 +92,7 @@ struct SparseMlaFwdTraits {
   static constexpr int kSmemStatsOffset = kSmemPOffset + kHeadGroups * kPBuffers * kSmemPBufferElems * 2;
   static constexpr int kSmemValidOffset = kSmemStatsOffset + 2 * kBlockH * 4;  // alpha, l
   static constexpr int kSmemScaleOffset = kSmemValidOffset + kStages * kBlockN * 4;  // fp8_ds_mla
-  static constexpr int kSmemNormOffset = kSmemScaleOffset + (kDsMla ? kBlockN * 4 * 4 : 0);
-  static constexpr int kSmemBytes = kSmemNormOffset + (kDsNormalize ? kWarpsPerGroup * 4 : 0);
+  static constexpr int kSmemBytes = kSmemScaleOffset + (kDsMla ? kBlockN * 4 * 4 : 0);
 
   static_assert(kSmemBytes <= kSmemBudgetBytes,
                 "a kernel instantiation exceeds the 101,376-byte shared-memory ceiling");

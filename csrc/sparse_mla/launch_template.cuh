@@ -24,10 +24,23 @@ cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream)
   kernel<<<grid, Traits::kNumThreads, kSmem, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.num_splits == 1) return err;
-  const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.num_heads;
-  sparse_mla_combine_kernel<typename Traits::QElement>
-      <<<static_cast<unsigned>(rows), kCombineThreads, p.num_splits * sizeof(float), stream>>>(p);
-  return cudaGetLastError();
+  // The combine pass is launched as a programmatic dependent of the forward kernel where the GPU
+  // has it (sm_90+): its blocks are scheduled while the forward kernel drains and wait in
+  // griddepcontrol.wait for its results, which hides one launch latency (a few us at decode).
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(static_cast<int64_t>(p.num_tokens) * p.num_heads));
+  config.blockDim = dim3(kCombineThreads);
+  config.dynamicSmemBytes = p.num_splits * sizeof(float);
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  bool pdl = false;
+  err = device_has_programmatic_launch(pdl);
+  if (err != cudaSuccess) return err;
+  config.attrs = pdl ? &attribute : nullptr;
+  config.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&config, sparse_mla_combine_kernel<typename Traits::QElement>, p);
 }
 
 }  // namespace sparse_mla

@@ -42,6 +42,34 @@ __device__ __forceinline__ void store_split2(Element* hi, Element* lo, float x0,
   }
 }
 
+// fp8_ds_mla in fp16: P copy w is divided by a power of two near the tile's largest scale of
+// column tile w, 2^floor(log2 smax), which keeps p * scale / norm in [0, 2) (1 for subnormal or
+// zero scales).
+__device__ __forceinline__ float ds_scale_norm(float smax) {
+  const float norm = __uint_as_float(__float_as_uint(smax) & 0x7f800000u);
+  return norm > 0.f ? norm : 1.f;
+}
+
+// 1 / x for x = 2^e, e in [-126, 126], exactly and without a division: the exponent negated.
+// fp8_ds_mla scales are amax / 448 <= 2^120, so their norms are in range.
+__device__ __forceinline__ float pow2_reciprocal(float x) {
+  return __uint_as_float((254u << 23) - (__float_as_uint(x) & 0x7f800000u));
+}
+
+// Barrier of the 4 warps of head group `grp` (named barrier 1 + grp; 0 is __syncthreads). The
+// S -> softmax -> P V phases of a tile involve one head group only, so in a 32-head block the two
+// groups drift apart within a tile and one's softmax overlaps the other's MMAs.
+template <int kHeadGroups>
+__device__ __forceinline__ void head_group_sync(int grp) {
+  if constexpr (kHeadGroups == 1) {
+    __syncthreads();
+  } else {
+    static_assert(kHeadGroups == 2);
+    if (grp == 0) asm volatile("bar.sync 1, 128;\n" ::: "memory");  // constant ids: 3 barriers, not 16
+    else asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  }
+}
+
 // kSmemBytes is a template argument so that the launch size is in the kernel's name in the
 // binary: tools/check_resources.py reads it back with cuobjdump (SPEC §3.2).
 template <typename Traits, int kSmemBytes>
@@ -70,7 +98,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   float* sL = sAlpha + kBlockH;
   int* sValid = reinterpret_cast<int*>(smem + Traits::kSmemValidOffset);
   float* sScale = reinterpret_cast<float*>(smem + Traits::kSmemScaleOffset);  // [kBlockN][4]
-  float* sNorm = reinterpret_cast<float*>(smem + Traits::kSmemNormOffset);    // [4], kDsNormalize
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -132,6 +159,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     }
   };
   if constexpr (Traits::kDirectCopy) {
+    static_assert(kStages == 2, "the tile loop below is written for two stages");
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       issue_tile(s, s);
@@ -194,6 +222,12 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     issue_tile(1, 0);
   }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Lets the combine pass (a programmatic dependent, see launch_template.cuh) be scheduled once
+  // every block of this grid is running; it still waits for this grid's completion.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+
   // Softmax role: thread owns head tid / 8 and 4 scores of each tile; keeps the running max (m,
   // base-2 scaled) and sum (l) in registers.
   const int sm_h = tid / 8;  // 0 .. kBlockH - 1
@@ -205,10 +239,25 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 #pragma unroll
   for (int n = 0; n < Traits::kDvPerWarp / 8; ++n) acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.f;
 
+  // Per tile: barrier (tile landed; every warp is past the previous tile, so its stage, sS and
+  // sP are free), S, barrier, softmax, barrier, P V. One tile is in flight while one is computed.
   for (int it = 0; it < num_tiles; ++it) {
     const int stage = it % kStages;
-    if constexpr (Traits::kDirectCopy) cp_async_wait<kStages - 1>();
+    if constexpr (Traits::kDirectCopy) {
+      if (it == 0) cp_async_wait<1>();  // the prologue issued tiles 0 and 1
+      else cp_async_wait<0>();
+    } else if (it > 0) {
+      __syncthreads();  // stage 0 is free
+      store_tile();
+      issue_tile(it + 1, 0);
+    }
     __syncthreads();
+    if constexpr (Traits::kDirectCopy) {
+      if (it > 0 && it + 1 < num_tiles) {  // into the stage of tile it - 1
+        issue_tile(it + 1, (it + 1) % kStages);
+        cp_async_commit();
+      }
+    }
     const Element* sK = sKV + stage * (kBlockN * kPitch);
 
     // 1. Partial S = Q K^T over this warp's k-steps, all 32 rows. fp8_ds_mla: the latent part is
@@ -245,7 +294,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         *reinterpret_cast<float2*>(s_out + 8 * Traits::kSPitch + nt * 8) = make_float2(acc_s[nt][2], acc_s[nt][3]);
       }
     }
-    __syncthreads();
+    head_group_sync<Traits::kHeadGroups>(grp);
 
     // 2. Online softmax over the tile.
     {
@@ -284,8 +333,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       l_run = l_run * alpha + psum;
       m_run = m_new;
       // P for the MMA: fp8_ds_mla folds each row's scale for warp w's columns into P copy w
-      // (divided by norm[w], a power of two, when that copy is fp16).
-      float norm[kWpg] = {1.f, 1.f, 1.f, 1.f};
+      // (times 1 / norm[w], a power of two, when that copy is fp16).
+      float inv_norm[kWpg] = {1.f, 1.f, 1.f, 1.f};
       if constexpr (Traits::kDsNormalize) {
 #pragma unroll
         for (int w = 0; w < kWpg; ++w) {
@@ -294,10 +343,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           for (int i = 0; i < 4; ++i) smax = fmaxf(smax, sScale[(sm_k + i) * 4 + w]);
 #pragma unroll
           for (int o = 1; o < 8; o <<= 1) smax = fmaxf(smax, __shfl_xor_sync(~0u, smax, o));
-          // 2^floor(log2 smax): keeps p * scale / norm in [0, 2).
-          norm[w] = smax > 0.f ? __uint_as_float(__float_as_uint(smax) & 0x7f800000u) : 1.f;
-          if (norm[w] == 0.f) norm[w] = 1.f;  // subnormal scales
-          if (tid == w) sNorm[w] = norm[w];    // constant index: norm stays in registers
+          inv_norm[w] = pow2_reciprocal(ds_scale_norm(smax));
         }
       }
       Element* p_row = sP + sm_g * Traits::kPBuffers * Traits::kSmemPBufferElems + (sm_h % 16) * Traits::kPPitch + sm_k;
@@ -305,7 +351,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       for (int w = 0; w < (Traits::kDsMla ? kWpg : 1); ++w) {
         float q4[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) q4[i] = Traits::kDsMla ? pr[i] * sScale[(sm_k + i) * 4 + w] / norm[w] : pr[i];
+        for (int i = 0; i < 4; ++i) q4[i] = Traits::kDsMla ? pr[i] * sScale[(sm_k + i) * 4 + w] * inv_norm[w] : pr[i];
         Element* hi = p_row + (w * kPParts) * Traits::kSmemPBufferElems;
         Element* lo = hi + Traits::kSmemPBufferElems;
         store_split2<Element, Traits::kPSplit>(hi, lo, q4[0], q4[1]);
@@ -313,16 +359,21 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       }
       if ((tid % 8) == 0) sAlpha[sm_h] = alpha;
     }
-    __syncthreads();
+    head_group_sync<Traits::kHeadGroups>(grp);
 
     // 3. O = alpha * O + P V for this warp's 128 columns.
     {
       float alpha0 = sAlpha[grp * 16 + lane / 4], alpha1 = sAlpha[grp * 16 + lane / 4 + 8];
       float norm = 1.f;
       if constexpr (Traits::kDsNormalize) {  // O = norm * (alpha / norm * O + P' V), exactly
-        norm = sNorm[wq];
-        alpha0 /= norm;
-        alpha1 /= norm;
+        // The same norm as the softmax threads': lane r reads row r's scale of tile wq.
+        float smax = sScale[lane * 4 + wq];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) smax = fmaxf(smax, __shfl_xor_sync(~0u, smax, o));
+        norm = ds_scale_norm(smax);
+        const float inv = pow2_reciprocal(norm);
+        alpha0 *= inv;
+        alpha1 *= inv;
       }
 #pragma unroll
       for (int n = 0; n < Traits::kDvPerWarp / 8; ++n) {
@@ -358,15 +409,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc_o[n][i] *= norm;
       }
-    }
-    __syncthreads();  // everyone is done with this stage, sS and sP
-
-    if constexpr (Traits::kDirectCopy) {
-      issue_tile(it + kStages, stage);
-      cp_async_commit();
-    } else if (it + 1 < num_tiles) {
-      store_tile();
-      issue_tile(it + 2, 0);
     }
   }
   cp_async_wait<0>();  // nothing may be in flight when the block exits

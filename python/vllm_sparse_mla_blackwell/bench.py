@@ -213,9 +213,13 @@ def roofline_png(rows: list[Row], meta: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(json_path: str = "bench.json", png_path: str = "bench_roofline.png", quick: bool = False) -> int:
-    """Run ``run`` (``quick``: T in 1, 64, 1024), print the table, write JSON and PNG. Returns the
-    exit status: 0 done, 1 matplotlib missing or the library cannot run on this GPU, 3 no GPU."""
+def main(json_path: str = "bench.json", png_path: str = "bench_roofline.png", quick: bool = False,
+         tokens: tuple[int, ...] | None = None, kv_dtypes: tuple[str, ...] | None = None,
+         models: tuple[str, ...] | None = None, naive: bool = True) -> int:
+    """Run ``run`` (``quick``: T in 1, 64, 1024 and a short idle; ``tokens``, ``kv_dtypes``,
+    ``models`` narrow the shapes, ``naive`` adds the PyTorch baseline), print the table, write
+    JSON and PNG. Returns the exit status: 0 done, 1 matplotlib missing, an unknown model or
+    cache dtype, or the library cannot run on this GPU, 3 no GPU."""
     from rich.console import Console
     from rich.progress import track
     from rich.table import Table
@@ -234,8 +238,14 @@ def main(json_path: str = "bench.json", png_path: str = "bench_roofline.png", qu
     if reason is not None:
         console.print(f"[bold red]{props.name}: {reason}[/]")
         return 1
-    tokens = (1, 64, 1024) if quick else TOKENS
-    rows, meta = run(tokens=tokens, idle_s=0.2 if quick else 1.0,
+    unknown = sorted(set(kv_dtypes or ()) - set(KV_DTYPES)) + sorted(set(models or ()) - set(MODELS))
+    if unknown:
+        console.print(f"[bold red]unknown cache dtype or model: {', '.join(unknown)}[/] "
+                      f"(cache dtypes: {', '.join(KV_DTYPES)}; models: {', '.join(MODELS)})")
+        return 1
+    tokens = tokens or ((1, 64, 1024) if quick else TOKENS)
+    rows, meta = run(models={m: MODELS[m] for m in (models or MODELS)}, tokens=tokens,
+                     kv_dtypes=tuple(k for k in KV_DTYPES if k in (kv_dtypes or KV_DTYPES)), idle_s=0.2 if quick else 1.0, naive=naive,
                      progress=lambda s: track(s, description="shapes", console=console))
     table = Table(title=f"sparse-MLA on {meta['device']}, mma.sync bf16 peak {meta['mma_sync_peak_tflops']:.0f} TFLOP/s "
                         f"(measured), {meta['date']}")

@@ -17,6 +17,10 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--quick", action="store_true", help="T in (1, 64, 1024) only, short idle")
     b.add_argument("--json", default="bench.json", metavar="PATH", help="results as JSON (default bench.json)")
     b.add_argument("--png", default="bench_roofline.png", metavar="PATH", help="roofline plot (default bench_roofline.png)")
+    b.add_argument("--tokens", type=_ints, metavar="T,T,...", help="query-token counts (default: SPEC §6's; --quick: 1,64,1024)")
+    b.add_argument("--kv", type=_names, metavar="DTYPE,...", help="cache dtypes among bf16,fp8_e4m3,fp8_ds_mla (default all)")
+    b.add_argument("--models", type=_names, metavar="NAME,...", help="GLM-5.3-Flash and/or DeepSeek-V3.2 (default both)")
+    b.add_argument("--no-naive", action="store_true", help="skip the naive PyTorch baseline")
     args = parser.parse_args(argv)
     if args.command == "verify":
         from vllm_sparse_mla_blackwell import verify
@@ -24,7 +28,22 @@ def main(argv: list[str] | None = None) -> int:
         return verify.main(quick=args.quick, json_path=args.json, fp8=not args.no_fp8)
     from vllm_sparse_mla_blackwell import bench
 
-    return bench.main(json_path=args.json, png_path=args.png, quick=args.quick)
+    return bench.main(json_path=args.json, png_path=args.png, quick=args.quick, tokens=args.tokens,
+                      kv_dtypes=args.kv, models=args.models, naive=not args.no_naive)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
 if __name__ == "__main__":

@@ -147,6 +147,22 @@ TEST(SplitPlan, SplitsOnlyWhenTheGridIsSmall) {
   EXPECT_EQ(plan_splits(1, 16, 2048, 132, 0).num_splits, 1);
 }
 
+TEST(SplitPlan, SplitsAnUnderfilledGridIntoOneWave) {
+  const int64_t ws = workspace_size(132);
+  // 64 blocks of 32 heads x 68 tiles on 132 SMs: two splits fill one wave with half the tiles.
+  SplitPlan p = plan_splits(64, 32, 2176, 132, ws);
+  EXPECT_EQ(p.num_splits, 2);
+  EXPECT_EQ(p.tiles_per_split, 34);
+  // DeepSeek-V3.2 decode of 16 tokens x 128 heads: 64 blocks -> two splits as well.
+  EXPECT_EQ(plan_splits(16, 128, 2048, 132, ws).num_splits, 2);
+  // One token: one or two tiles per block, at most kMaxSplitBlocksPerSm blocks per SM.
+  p = plan_splits(1, 128, 2048, 132, ws);
+  EXPECT_LE(p.tiles_per_split, 2);
+  EXPECT_LE(int64_t{p.num_splits} * 4, int64_t{kMaxSplitBlocksPerSm} * 132);
+  // A partial second wave is worth splitting too (133 blocks: 2 x 64 tiles -> 3 x 32).
+  EXPECT_EQ(plan_splits(133, 16, 2048, 132, ws).num_splits, 2);
+}
+
 TEST(SplitPlan, WorkspaceCoversEveryPlan) {
   for (int sms : {20, 48, 84, 132, 188}) {
     const int64_t ws = workspace_size(sms);
