@@ -222,14 +222,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     issue_tile(1, 0);
   }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Lets the combine pass (a programmatic dependent, see launch_template.cuh) be scheduled once
-  // every block of this grid is running; it still waits for this grid's completion.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-
   // Softmax role: thread owns head tid / 8 and 4 scores of each tile; keeps the running max (m,
-  // base-2 scaled) and sum (l) in registers.
+  // base-2 scaled, shared by the head's 8 threads) and its share of the sum (l) in registers.
   const int sm_h = tid / 8;  // 0 .. kBlockH - 1
   const int sm_g = sm_h / 16;
   const int sm_k = (tid % 8) * 4;
@@ -328,9 +322,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           psum += pr[i];
         }
       }
-#pragma unroll
-      for (int o = 1; o < 8; o <<= 1) psum += __shfl_xor_sync(~0u, psum, o);
-      l_run = l_run * alpha + psum;
+      l_run = l_run * alpha + psum;  // this thread's 4 columns; summed over the 8 at the end
       m_run = m_new;
       // P for the MMA: fp8_ds_mla folds each row's scale for warp w's columns into P copy w
       // (times 1 / norm[w], a power of two, when that copy is fp16).
@@ -412,8 +404,16 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     }
   }
   cp_async_wait<0>();  // nothing may be in flight when the block exits
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Lets the combine pass (a programmatic dependent, see launch_template.cuh) be scheduled as
+  // the blocks of this grid reach their epilogue; it still waits for this grid's completion.
+  // (Triggered at the start, it slowed 128-block T = 1 launches by 2-4 us; see bench/NOTES.md.)
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 
   // Epilogue: normalise and write out/lse, or the split's partial result.
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) l_run += __shfl_xor_sync(~0u, l_run, o);
   if ((tid % 8) == 0) {
     sL[sm_h] = l_run;
     const int h = h0 + sm_h;
