@@ -226,3 +226,28 @@ def test_unsupported_device_reason_follows_cuda_compatibility(monkeypatch, targe
 def test_library_records_its_targets():
     targets = ops.compiled_targets()
     assert targets and all(t.removeprefix("ptx").rstrip("af").isdigit() for t in targets)
+
+
+def test_bench_command_line_narrows_the_shapes(monkeypatch):
+    """--tokens/--kv/--models/--no-naive reach bench.main as parsed values; bad values are refused."""
+    from vllm_sparse_mla_blackwell import bench, cli
+
+    seen = {}
+    monkeypatch.setattr(bench, "main", lambda **kw: seen.update(kw) or 0)
+    assert cli.main(["bench", "--tokens", "1,64", "--kv", "fp8_e4m3,bf16", "--models", "DeepSeek-V3.2", "--no-naive"]) == 0
+    assert seen["tokens"] == (1, 64)
+    assert seen["kv_dtypes"] == ("fp8_e4m3", "bf16")
+    assert seen["models"] == ("DeepSeek-V3.2",)
+    assert seen["naive"] is False
+    cli.main(["bench"])
+    assert seen["tokens"] is None and seen["kv_dtypes"] is None and seen["naive"] is True
+    for bad in ("0", "1,x", ""):
+        with pytest.raises(SystemExit):
+            cli.main(["bench", "--tokens", bad])
+
+
+def test_bench_refuses_unknown_names_before_looking_for_a_gpu():
+    from vllm_sparse_mla_blackwell import bench
+
+    assert bench.main(kv_dtypes=("fp8_e5m2",)) == 1
+    assert bench.main(models=("GLM-6",)) == 1

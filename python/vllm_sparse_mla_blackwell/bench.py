@@ -225,6 +225,11 @@ def main(json_path: str = "bench.json", png_path: str = "bench_roofline.png", qu
     from rich.table import Table
 
     console = Console()
+    unknown = sorted(set(kv_dtypes or ()) - set(KV_DTYPES)) + sorted(set(models or ()) - set(MODELS))
+    if unknown:
+        console.print(f"[bold red]unknown cache dtype or model: {', '.join(unknown)}[/] "
+                      f"(cache dtypes: {', '.join(KV_DTYPES)}; models: {', '.join(MODELS)})")
+        return 1
     if not torch.cuda.is_available():
         console.print("[bold red]bench needs a CUDA GPU and none is visible.[/] Exit 3.")
         return 3
@@ -237,11 +242,6 @@ def main(json_path: str = "bench.json", png_path: str = "bench_roofline.png", qu
     reason = ops.unsupported_device_reason((props.major, props.minor))
     if reason is not None:
         console.print(f"[bold red]{props.name}: {reason}[/]")
-        return 1
-    unknown = sorted(set(kv_dtypes or ()) - set(KV_DTYPES)) + sorted(set(models or ()) - set(MODELS))
-    if unknown:
-        console.print(f"[bold red]unknown cache dtype or model: {', '.join(unknown)}[/] "
-                      f"(cache dtypes: {', '.join(KV_DTYPES)}; models: {', '.join(MODELS)})")
         return 1
     tokens = tokens or ((1, 64, 1024) if quick else TOKENS)
     rows, meta = run(models={m: MODELS[m] for m in (models or MODELS)}, tokens=tokens,

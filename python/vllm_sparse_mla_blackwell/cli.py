@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _ints(text: str) -> tuple[int, ...]:
     try:
-        values = tuple(int(v) for v in text.split(","))
+        values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values or min(values) < 1:
