@@ -104,7 +104,8 @@ void sparse_mla_fwd_cuda(const at::Tensor& q, const std::optional<at::Tensor>& q
   TORCH_CHECK_VALUE(q.is_cuda(), "q must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(q.device());
   const int num_sms = at::cuda::getDeviceProperties(q.get_device())->multiProcessorCount;
-  const auto launch = checked([&] { return sparse_mla::plan_sparse_mla_fwd(args, true, num_sms); });
+  const auto launch = checked(
+      [&] { return sparse_mla::plan_sparse_mla_fwd(args, true, num_sms, &sparse_mla::fwd_blocks_per_sm); });
   if (launch.empty) return;
   const cudaError_t err = sparse_mla::dispatch_sparse_mla_fwd(
       launch.params, launch.dtype, launch.format, at::cuda::getCurrentCUDAStream());

@@ -191,7 +191,8 @@ KvFormat parse_kv_cache_dtype(const std::string& s, const TensorDesc& kv_cache) 
   fail("kv_cache_dtype must be one of auto, bfloat16, float16, fp8, fp8_e4m3, fp8_ds_mla; got '", s, "'");
 }
 
-SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes) {
+SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
+                      int blocks_per_sm) {
   const int num_tiles = (topk + kBlockN - 1) / kBlockN;
   const int bh = block_heads(num_heads);
   const int64_t base_blocks = static_cast<int64_t>(num_tokens) * ((num_heads + bh - 1) / bh);
@@ -199,12 +200,15 @@ SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int num_sms, int6
   if (num_sms <= 0 || base_blocks <= 0 || num_tiles < 2) return best;
   // Partial results per split: [T, H, 512] + [T, H] fp32.
   const int64_t per_split = static_cast<int64_t>(num_tokens) * num_heads * (kHeadSizeV + 1) * 4;
-  // Time in tile-times of one SM: the most blocks an SM runs one after another x tiles per
-  // block, plus for a split launch the combine pass (kCombineFixedTiles, and its partial-result
-  // traffic at kCombineBytesPerTile per SM per tile-time). Ties go to fewer splits.
+  // Time in tile-times of a lone block: the most blocks an SM gets x tiles per block, at
+  // kCoResidentTileTime each when the SM holds several blocks of at least kCoResidentMinTiles
+  // tiles at once (they hide each other's latencies; shorter blocks did not gain on the H200),
+  // plus for a split launch the combine pass (kCombineFixedTiles, and its partial-result traffic
+  // at kCombineBytesPerTile per SM per tile-time). Ties go to fewer splits.
   auto cost = [&](int tiles_per_split, int splits) {
-    const int64_t waves = (base_blocks * splits + num_sms - 1) / num_sms;
-    double c = static_cast<double>(waves * tiles_per_split);
+    const int64_t per_sm = (base_blocks * splits + num_sms - 1) / num_sms;
+    double c = static_cast<double>(per_sm * tiles_per_split);
+    if (blocks_per_sm > 1 && per_sm > 1 && tiles_per_split >= kCoResidentMinTiles) c *= kCoResidentTileTime;
     if (splits > 1)
       c += kCombineFixedTiles + static_cast<double>(per_split) * splits / num_sms / kCombineBytesPerTile;
     return c;
@@ -230,7 +234,8 @@ int64_t workspace_size(int num_sms) {
   return static_cast<int64_t>(kMaxSplitBlocksPerSm) * num_sms * kMaxBlockH * (kHeadSizeV + 1) * 4;
 }
 
-SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_cuda, int num_sms) {
+SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_cuda, int num_sms,
+                                       BlocksPerSmFn blocks_per_sm) {
   DeviceCheck same_device(require_cuda);
   // q (and q_pe): [T, H, D] or [T, H, 512] + [T, H, 64].
   require_defined(a.q, "q");
@@ -358,7 +363,12 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   p.sm_scale = static_cast<float>(a.sm_scale);
   p.sm_scale_log2 = static_cast<float>(a.sm_scale * 1.4426950408889634);
   if (T > (int64_t{1} << 30) / ((H + 15) / 16)) fail("q.shape[0] (num_tokens) is too large");
-  const SplitPlan split = plan_splits(p.num_tokens, p.num_heads, p.topk, num_sms, workspace_bytes);
+  // Only a launch that may split asks the device for its occupancy (a CUDA call).
+  const int blocks_per_sm_here = (blocks_per_sm != nullptr && workspace_bytes > 0 && T > 0)
+                                     ? blocks_per_sm(dtype, format, p.head_size, p.num_heads)
+                                     : 1;
+  const SplitPlan split =
+      plan_splits(p.num_tokens, p.num_heads, p.topk, num_sms, workspace_bytes, blocks_per_sm_here);
   p.num_splits = split.num_splits;
   p.tiles_per_split = split.tiles_per_split;
   if (p.num_splits > 1) {

@@ -54,21 +54,27 @@ struct SparseMlaFwdLaunch {
   bool empty;  // no query tokens: nothing to launch
 };
 
+// Blocks of the kernel for (dtype, format, head_size, num_heads) one SM holds at once
+// (fwd_blocks_per_sm in launch.h); null means one.
+using BlocksPerSmFn = int (*)(DType dtype, KvFormat format, int head_size, int num_heads);
+
 // Checks every argument (shapes, dtypes, devices, alignment, supported H and D, topk >= 1) and
 // throws ArgumentError naming the first bad one. `require_cuda`: all tensors on one CUDA device
 // (the kernel path); otherwise all on one device of any kind (the CPU reference path).
-// num_sms sizes the split of the top-k axis (ignored without a workspace).
-SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& args, bool require_cuda, int num_sms);
+// num_sms and blocks_per_sm size the split of the top-k axis (ignored without a workspace).
+SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& args, bool require_cuda, int num_sms,
+                                       BlocksPerSmFn blocks_per_sm = nullptr);
 
 // Split of the top-k axis across blocks for a launch of num_tokens x num_heads (flash-decoding):
 // the split count that minimises a simple cost model (tiles per SM plus the combine pass, see
 // api.cpp), with >= kMinTilesPerSplit tiles per split, at most kMaxSplitBlocksPerSm blocks per
-// SM, and never more workspace than `workspace_bytes`.
+// SM, and never more workspace than `workspace_bytes`. blocks_per_sm: the kernel's occupancy.
 struct SplitPlan {
   int num_splits;
   int tiles_per_split;
 };
-SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes);
+SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
+                      int blocks_per_sm = 1);
 // Two: a block of one tile leaves its gather latency unhidden (T = 1 ran 10-30 % slower).
 constexpr int kMinTilesPerSplit = 2;
 constexpr int kMaxSplits = 128;
@@ -77,6 +83,11 @@ constexpr int kMaxSplitBlocksPerSm = 3;
 // part for its launch, and the write + read of the partial results (bytes per SM per tile-time).
 constexpr double kCombineFixedTiles = 1.0;
 constexpr double kCombineBytesPerTile = 64.0 * 1024;
+// Tile time of a block sharing its SM with others, relative to a lone block's (H200, 16-head
+// kernels at two blocks per SM: 0.73 for bf16, 0.57 for fp8_e4m3 caches), for blocks of at least
+// kCoResidentMinTiles tiles (T = 4 and 16 plans of 2-5 tiles per block ran 5-18 % slower).
+constexpr double kCoResidentTileTime = 0.7;
+constexpr int kCoResidentMinTiles = 8;
 
 // Workspace bytes that cover every split plan on a device with num_sms SMs.
 int64_t workspace_size(int num_sms);

@@ -19,4 +19,17 @@ cudaError_t dispatch_sparse_mla_fwd(const SparseMlaFwdParams& p, DType dtype, Kv
   });
 }
 
+int fwd_blocks_per_sm(DType dtype, KvFormat format, int head_size, int num_heads) {
+  if (head_size != kHeadSizeNoPE && head_size != kHeadSizeRoPE) return 1;
+  return SPARSE_MLA_DTYPE_SWITCH(dtype, Element, [&] {
+    return SPARSE_MLA_FORMAT_SWITCH(format, kFormat, [&] {
+      return SPARSE_MLA_HEADDIM_SWITCH(head_size, kHeadDim, [&] {
+        return SPARSE_MLA_HEADGROUPS_SWITCH(head_groups_for(num_heads), kHeadGroups, [&] {
+          return sparse_mla_fwd_blocks_per_sm<SparseMlaFwdTraits<Element, kFormat, kHeadDim, kHeadGroups>>();
+        });
+      });
+    });
+  });
+}
+
 }  // namespace sparse_mla

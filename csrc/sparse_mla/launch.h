@@ -14,6 +14,14 @@ namespace sparse_mla {
 template <typename Traits>
 cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream);
 
+// Blocks of the forward kernel one SM of the current device holds at once (>= 1; 1 when the
+// query fails). Cached per device.
+template <typename Traits>
+int sparse_mla_fwd_blocks_per_sm();
+
+// The same for the configuration the dispatch below picks: the split planner's occupancy input.
+int fwd_blocks_per_sm(DType dtype, KvFormat format, int head_size, int num_heads);
+
 // Picks the instantiation for (dtype, format, p.head_size). Returns cudaErrorInvalidValue for a
 // combination with no instantiation (the host checks in api.cpp reject those first).
 cudaError_t dispatch_sparse_mla_fwd(const SparseMlaFwdParams& p, DType dtype, KvFormat format,

@@ -43,4 +43,24 @@ cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream)
   return cudaLaunchKernelEx(&config, sparse_mla_combine_kernel<typename Traits::QElement>, p);
 }
 
+template <typename Traits>
+int sparse_mla_fwd_blocks_per_sm() {
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};  // 0: not asked yet
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= kMaxDevices) return 1;
+  if (cached[device] == 0) {
+    constexpr int kSmem = Traits::kSmemBytes;
+    auto kernel = sparse_mla_fwd_kernel<Traits, kSmem>;
+    int blocks = 0;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Traits::kNumThreads, kSmem) != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky; planning falls back to one block per SM
+      return 1;
+    }
+    cached[device] = blocks > 0 ? blocks : 1;
+  }
+  return cached[device];
+}
+
 }  // namespace sparse_mla

@@ -163,16 +163,33 @@ TEST(SplitPlan, SplitsAnUnderfilledGridIntoOneWave) {
   EXPECT_EQ(plan_splits(133, 16, 2048, 132, ws).num_splits, 2);
 }
 
+TEST(SplitPlan, UsesASecondBlockPerSmWhereItFits) {
+  const int64_t ws = workspace_size(132);
+  // 64 blocks of 16 heads x 64 tiles: one block per SM -> 2 splits; two per SM -> 4 splits,
+  // every SM running two blocks of 16 tiles.
+  EXPECT_EQ(plan_splits(64, 16, 2048, 132, ws, 1).num_splits, 2);
+  const SplitPlan p = plan_splits(64, 16, 2048, 132, ws, 2);
+  EXPECT_EQ(p.num_splits, 4);
+  EXPECT_EQ(p.tiles_per_split, 16);
+  // Blocks of a few tiles do not gain from sharing an SM: T = 16 keeps its 8 splits of 8 tiles.
+  EXPECT_EQ(plan_splits(16, 16, 2048, 132, ws, 2).num_splits, plan_splits(16, 16, 2048, 132, ws, 1).num_splits);
+  EXPECT_EQ(plan_splits(16, 16, 2048, 132, ws, 2).num_splits, 8);
+  // A grid that fills the GPU stays unsplit whatever the occupancy.
+  EXPECT_EQ(plan_splits(1024, 16, 2048, 132, ws, 2).num_splits, 1);
+}
+
 TEST(SplitPlan, WorkspaceCoversEveryPlan) {
   for (int sms : {20, 48, 84, 132, 188}) {
     const int64_t ws = workspace_size(sms);
     for (int T : {1, 2, 3, 7, 16, 64, 100}) {
       for (int H : {1, 8, 16, 32, 64, 128}) {
         for (int topk : {1, 100, 2048, 2176, 100000}) {
-          const SplitPlan p = plan_splits(T, H, topk, sms, int64_t{1} << 40);
-          const int64_t need = int64_t{p.num_splits} * T * H * (512 + 1) * 4;
-          EXPECT_LE(p.num_splits == 1 ? 0 : need, ws) << "sms " << sms << " T " << T << " H " << H << " topk " << topk;
-          EXPECT_LE(p.num_splits, kMaxSplits);
+          for (int blocks_per_sm : {1, 2, 4}) {
+            const SplitPlan p = plan_splits(T, H, topk, sms, int64_t{1} << 40, blocks_per_sm);
+            const int64_t need = int64_t{p.num_splits} * T * H * (512 + 1) * 4;
+            EXPECT_LE(p.num_splits == 1 ? 0 : need, ws) << "sms " << sms << " T " << T << " H " << H << " topk " << topk;
+            EXPECT_LE(p.num_splits, kMaxSplits);
+          }
         }
       }
     }
