@@ -110,6 +110,8 @@ BAD_INPUTS = [
     ("lse", lambda a: a.update(lse=torch.full((1, 1), float("nan")).expand(3, 4)), "lse must not overlap itself"),
     ("lse", lambda a: a.update(lse=a["out"].view(-1).view(torch.float32)[:12].view(3, 4)), "out must not overlap lse"),
     ("out", lambda a: a.update(out=a["q"][..., :512]), "out must not overlap q"),
+    ("workspace", lambda a: a.update(workspace=a["kv_cache"].view(-1).view(torch.uint8)), "workspace must not overlap kv_cache"),
+    ("workspace", lambda a: a.update(workspace=a["indices"].view(-1).view(torch.uint8)), "workspace must not overlap indices"),
     ("kv_cache", lambda a: a.update(kv_cache=torch.zeros(2, 2, 2, 2, 576, dtype=torch.bfloat16)), "kv_cache must have at most 4 dims"),
     ("q", lambda a: a.update(q=a["q"].double()), "got Double"),
 ]
@@ -241,9 +243,14 @@ def test_bench_command_line_narrows_the_shapes(monkeypatch):
     assert seen["naive"] is False
     cli.main(["bench"])
     assert seen["tokens"] is None and seen["kv_dtypes"] is None and seen["naive"] is True
-    for bad in ("0", "1,x", ""):
+    # Repeats add up, duplicates go.
+    cli.main(["bench", "--tokens", "1,1,64", "--tokens", "64,4", "--kv", "bf16", "--kv", "fp8_ds_mla,bf16"])
+    assert seen["tokens"] == (1, 64, 4)
+    assert seen["kv_dtypes"] == ("bf16", "fp8_ds_mla")
+    for option, bad in (("--tokens", "0"), ("--tokens", "1,x"), ("--tokens", ""), ("--tokens", str(1 << 40)),
+                        ("--kv", ""), ("--kv", ","), ("--models", " ")):
         with pytest.raises(SystemExit):
-            cli.main(["bench", "--tokens", bad])
+            cli.main(["bench", option, bad])
 
 
 def test_bench_refuses_unknown_names_before_looking_for_a_gpu():

@@ -193,11 +193,14 @@ KvFormat parse_kv_cache_dtype(const std::string& s, const TensorDesc& kv_cache) 
 
 SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
                       int blocks_per_sm) {
+  // Outside the domain plan_sparse_mla_fwd admits (H 1..128, topk 1..2^30): no split.
+  if (num_tokens <= 0 || num_heads <= 0 || num_heads > kMaxNumHeads || topk <= 0 || topk > (1 << 30))
+    return SplitPlan{1, topk > 0 ? static_cast<int>((static_cast<int64_t>(topk) + kBlockN - 1) / kBlockN) : 1};
   const int num_tiles = (topk + kBlockN - 1) / kBlockN;
   const int bh = block_heads(num_heads);
   const int64_t base_blocks = static_cast<int64_t>(num_tokens) * ((num_heads + bh - 1) / bh);
-  SplitPlan best{1, std::max(num_tiles, 1)};
-  if (num_sms <= 0 || base_blocks <= 0 || num_tiles < 2) return best;
+  SplitPlan best{1, num_tiles};
+  if (num_sms <= 0 || num_tiles < 2) return best;
   // Partial results per split: [T, H, 512] + [T, H] fp32.
   const int64_t per_split = static_cast<int64_t>(num_tokens) * num_heads * (kHeadSizeV + 1) * 4;
   // Time in tile-times of a lone block: the most blocks an SM gets x tiles per block, at
@@ -280,7 +283,7 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   if (topk < 1) fail("topk must be >= 1, got ", topk, " (the default is indices.shape[1])");
   if (topk > a.indices.sizes[1])
     fail("topk (", topk, ") must be <= indices.shape[1] (", a.indices.sizes[1], ")");
-  if (topk > (int64_t{1} << 30)) fail("topk must be < 2^30, got ", topk);
+  if (topk > (int64_t{1} << 30)) fail("topk must be <= 2^30, got ", topk);
 
   if (a.topk_len.defined) {
     require_dim(a.topk_len, "topk_len", 1, "[num_tokens]");
@@ -307,15 +310,20 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   require_size(a.lse, "lse", 1, H, "num_heads of q");
   require_non_overlapping(a.lse, "lse");
   same_device(a.lse, "lse");
-  for (const auto& [out, out_name] : {std::pair{&a.out, "out"}, std::pair{&a.lse, "lse"}}) {
+  // What the launch writes (the workspace when it splits) must not overlap what it reads, nor
+  // each other.
+  for (const auto& [out, out_name] :
+       {std::pair{&a.out, "out"}, std::pair{&a.lse, "lse"}, std::pair{&a.workspace, "workspace"}}) {
     require_disjoint(*out, out_name, a.q, "q");
     require_disjoint(*out, out_name, a.q_pe, "q_pe");
     require_disjoint(*out, out_name, a.kv_cache, "kv_cache");
     require_disjoint(*out, out_name, a.indices, "indices");
     require_disjoint(*out, out_name, a.topk_len, "topk_len");
-    require_disjoint(*out, out_name, a.workspace, "workspace");
+    require_disjoint(*out, out_name, a.k_scale, "k_scale");
   }
   require_disjoint(a.out, "out", a.lse, "lse");
+  require_disjoint(a.out, "out", a.workspace, "workspace");
+  require_disjoint(a.lse, "lse", a.workspace, "workspace");
 
   int64_t workspace_bytes = 0;
   if (a.workspace.defined) {

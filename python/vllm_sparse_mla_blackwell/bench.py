@@ -244,8 +244,9 @@ def main(json_path: str = "bench.json", png_path: str = "bench_roofline.png", qu
         console.print(f"[bold red]{props.name}: {reason}[/]")
         return 1
     tokens = tokens or ((1, 64, 1024) if quick else TOKENS)
-    rows, meta = run(models={m: MODELS[m] for m in (models or MODELS)}, tokens=tokens,
-                     kv_dtypes=tuple(k for k in KV_DTYPES if k in (kv_dtypes or KV_DTYPES)), idle_s=0.2 if quick else 1.0, naive=naive,
+    kv_dtypes = tuple(k for k in KV_DTYPES if k in (kv_dtypes or KV_DTYPES))  # bf16 first: fp8 ratios
+    rows, meta = run(models={m: MODELS[m] for m in (models or MODELS)}, tokens=tokens, kv_dtypes=kv_dtypes,
+                     idle_s=0.2 if quick else 1.0, naive=naive,
                      progress=lambda s: track(s, description="shapes", console=console))
     table = Table(title=f"sparse-MLA on {meta['device']}, mma.sync bf16 peak {meta['mma_sync_peak_tflops']:.0f} TFLOP/s "
                         f"(measured), {meta['date']}")

@@ -17,9 +17,13 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--quick", action="store_true", help="T in (1, 64, 1024) only, short idle")
     b.add_argument("--json", default="bench.json", metavar="PATH", help="results as JSON (default bench.json)")
     b.add_argument("--png", default="bench_roofline.png", metavar="PATH", help="roofline plot (default bench_roofline.png)")
-    b.add_argument("--tokens", type=_ints, metavar="T,T,...", help="query-token counts (default: SPEC §6's; --quick: 1,64,1024)")
-    b.add_argument("--kv", type=_names, metavar="DTYPE,...", help="cache dtypes among bf16,fp8_e4m3,fp8_ds_mla (default all)")
-    b.add_argument("--models", type=_names, metavar="NAME,...", help="GLM-5.3-Flash and/or DeepSeek-V3.2 (default both)")
+    # Repeated options add up (--kv bf16 --kv fp8_e4m3); duplicates are dropped below.
+    b.add_argument("--tokens", type=_ints, action="extend", metavar="T,T,...",
+                   help=f"query-token counts, 1..{MAX_BENCH_TOKENS} (default: SPEC §6's; --quick: 1,64,1024)")
+    b.add_argument("--kv", type=_names, action="extend", metavar="DTYPE,...",
+                   help="cache dtypes among bf16,fp8_e4m3,fp8_ds_mla (default all)")
+    b.add_argument("--models", type=_names, action="extend", metavar="NAME,...",
+                   help="GLM-5.3-Flash and/or DeepSeek-V3.2 (default both)")
     b.add_argument("--no-naive", action="store_true", help="skip the naive PyTorch baseline")
     args = parser.parse_args(argv)
     if args.command == "verify":
@@ -28,8 +32,11 @@ def main(argv: list[str] | None = None) -> int:
         return verify.main(quick=args.quick, json_path=args.json, fp8=not args.no_fp8)
     from vllm_sparse_mla_blackwell import bench
 
-    return bench.main(json_path=args.json, png_path=args.png, quick=args.quick, tokens=args.tokens,
-                      kv_dtypes=args.kv, models=args.models, naive=not args.no_naive)
+    return bench.main(json_path=args.json, png_path=args.png, quick=args.quick, tokens=_unique(args.tokens),
+                      kv_dtypes=_unique(args.kv), models=_unique(args.models), naive=not args.no_naive)
+
+
+MAX_BENCH_TOKENS = 1 << 16
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -37,13 +44,20 @@ def _ints(text: str) -> tuple[int, ...]:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    if not values or min(values) < 1 or max(values) > MAX_BENCH_TOKENS:
+        raise argparse.ArgumentTypeError(f"expected integers in 1..{MAX_BENCH_TOKENS}, got {text!r}")
     return values
 
 
 def _names(text: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in text.split(",") if v.strip())
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return values
+
+
+def _unique(values: list | None) -> tuple | None:
+    return None if values is None else tuple(dict.fromkeys(values))
 
 
 if __name__ == "__main__":

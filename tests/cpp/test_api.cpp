@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 
 #include "api.h"
 
@@ -115,6 +116,10 @@ TEST(SparseMlaFwdChecks, OutputsMayNotOverlap) {
   a = good_args();
   a.out.data = a.q.data;
   EXPECT_NE(error_of(a).find("out must not overlap q"), std::string::npos);
+  // A split launch writes its partial results into the workspace while blocks read the inputs.
+  a = good_args();
+  a.workspace.data = a.kv_cache.data;
+  EXPECT_NE(error_of(a).find("workspace must not overlap kv_cache"), std::string::npos);
 }
 
 TEST(SparseMlaFwdChecks, CpuPathAcceptsCpuTensorsOnly) {
@@ -176,6 +181,17 @@ TEST(SplitPlan, UsesASecondBlockPerSmWhereItFits) {
   EXPECT_EQ(plan_splits(16, 16, 2048, 132, ws, 2).num_splits, 8);
   // A grid that fills the GPU stays unsplit whatever the occupancy.
   EXPECT_EQ(plan_splits(1024, 16, 2048, 132, ws, 2).num_splits, 1);
+}
+
+TEST(SplitPlan, OutsideTheAdmittedDomainNothingSplits) {
+  const int64_t ws = workspace_size(132);
+  for (const auto& [T, H, topk] : {std::tuple{-1, -100, 2048}, std::tuple{1, 0, 2048}, std::tuple{1, 129, 2048},
+                                   std::tuple{1, 16, 0}, std::tuple{1, 16, (1 << 30) + 1}, std::tuple{1, 16, 2147483647}}) {
+    const SplitPlan p = plan_splits(T, H, topk, 132, ws, 2);
+    EXPECT_EQ(p.num_splits, 1) << T << " " << H << " " << topk;
+    EXPECT_GE(p.tiles_per_split, 1);
+  }
+  EXPECT_EQ(plan_splits(1, 16, 2147483647, 132, ws).tiles_per_split, 67108864);  // covers every tile
 }
 
 TEST(SplitPlan, WorkspaceCoversEveryPlan) {
