@@ -20,6 +20,8 @@ def main() -> None:
     ap.add_argument("--kv", default="bf16", choices=bench.KV_DTYPES)
     ap.add_argument("--calls", type=int, default=3)
     args = ap.parse_args()
+    if args.calls < 1:
+        ap.error("--calls must be >= 1")
     device = torch.device("cuda")
     head_size, topk, _, sm_scale = bench.MODELS[args.model]
     cache, name, k_scale = bench._pool(args.kv, head_size, device)

@@ -151,7 +151,7 @@ void concat_and_cache_cuda(const at::Tensor& kv_c, const std::optional<at::Tenso
   p.kv_cache = static_cast<uint8_t*>(kv_cache.data_ptr());
   p.kv_row_stride = kv_cache.stride(kv_cache.dim() - 2) * kv_cache.element_size();
   p.slot_mapping = slot_mapping.data_ptr<int64_t>();
-  p.num_rows = kv_cache.numel() / kv_cache.size(kv_cache.dim() - 1);
+  p.num_rows = launch.num_rows;
   p.k_scale = k_scale.has_value() ? k_scale->data_ptr<float>() : nullptr;
   p.num_tokens = static_cast<int>(kv_c.size(0));
   const cudaError_t err = sparse_mla::launch_concat_and_cache(p, launch.dtype, launch.format,

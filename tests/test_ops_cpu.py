@@ -141,6 +141,7 @@ CACHE_BAD_INPUTS = [
     ("slot_mapping", dict(slot_mapping=torch.arange(8)[::2]), "slot_mapping must be contiguous"),
     ("slot_mapping", dict(slot_mapping=torch.arange(4, dtype=torch.int32)), "slot_mapping must be int64"),
     ("kv_c", dict(kv_c=torch.ones(4, 500, dtype=torch.bfloat16)), "kv_c.shape[1] must be 512"),
+    ("kv_c", dict(kv_c=torch.ones(4, 512)), "kv_c must be bfloat16 or float16, got float32"),
 ]
 
 

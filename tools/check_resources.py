@@ -21,7 +21,6 @@ import subprocess
 import sys
 
 SMEM_BUDGET_BYTES = 101_376  # csrc/sparse_mla/formats.h kSmemBudgetBytes
-MAX_REGS_PER_SM = 65_536
 
 
 def demangle(names: list[str]) -> list[str]:

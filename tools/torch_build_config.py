@@ -9,4 +9,4 @@ from torch.utils import cpp_extension
 
 print("|".join(cpp_extension.include_paths()))
 print(cpp_extension.library_paths()[0])
-print(int(torch._C._GLIBCXX_USE_CXX11_ABI))
+print(int(torch.compiled_with_cxx11_abi()))

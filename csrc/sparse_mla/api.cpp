@@ -127,10 +127,10 @@ class DeviceCheck {
   int index_ = -1;
 };
 
-DType element_dtype(const TensorDesc& q) {
-  if (q.dtype == ScalarType::kBFloat16) return DType::kBFloat16;
-  if (q.dtype == ScalarType::kFloat16) return DType::kFloat16;
-  fail("q must be bfloat16 or float16, got ", dtype_str(q));
+DType element_dtype(const TensorDesc& t, const char* name) {
+  if (t.dtype == ScalarType::kBFloat16) return DType::kBFloat16;
+  if (t.dtype == ScalarType::kFloat16) return DType::kFloat16;
+  fail(name, " must be bfloat16 or float16, got ", dtype_str(t));
 }
 
 // The cache's row width and dtype for its format; returns the number of rows.
@@ -155,12 +155,16 @@ int64_t check_kv_cache(const TensorDesc& kv, KvFormat fmt, int head_size) {
   return kv.dim == 3 ? kv.sizes[0] * kv.sizes[1] : kv.sizes[0];
 }
 
-void check_k_scale(const TensorDesc& k_scale) {
+// The optional per-tensor fp8 scale: one fp32 value, only with kv_cache_dtype fp8 / fp8_e4m3,
+// on the launch's device.
+void check_k_scale(const TensorDesc& k_scale, KvFormat format, DeviceCheck& same_device) {
   if (!k_scale.defined) return;
   require_dtype(k_scale, "k_scale", ScalarType::kFloat32);
   int64_t n = 1;
   for (int d = 0; d < k_scale.dim; ++d) n *= k_scale.sizes[d];
   if (n != 1) fail("k_scale must hold one element (a per-tensor scale)");
+  if (format != KvFormat::kFp8E4m3) fail("k_scale is only used with kv_cache_dtype fp8 / fp8_e4m3");
+  same_device(k_scale, "k_scale");
 }
 
 }  // namespace
@@ -243,7 +247,7 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   // q (and q_pe): [T, H, D] or [T, H, 512] + [T, H, 64].
   require_defined(a.q, "q");
   require_dim(a.q, "q", 3, "[num_tokens, num_heads, head_size]");
-  const DType dtype = element_dtype(a.q);
+  const DType dtype = element_dtype(a.q, "q");
   const int64_t T = a.q.sizes[0], H = a.q.sizes[1];
   if (H < 1 || H > kMaxNumHeads) fail("q.shape[1] (num_heads) must be in 1..", kMaxNumHeads, ", got ", H);
   int64_t head_size = a.q.sizes[2];
@@ -266,10 +270,7 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   const KvFormat format = parse_kv_cache_dtype(a.kv_cache_dtype, a.kv_cache);
   const int64_t num_kv_rows = check_kv_cache(a.kv_cache, format, static_cast<int>(head_size));
   same_device(a.kv_cache, "kv_cache");
-  check_k_scale(a.k_scale);
-  if (a.k_scale.defined && format != KvFormat::kFp8E4m3)
-    fail("k_scale is only used with kv_cache_dtype fp8 / fp8_e4m3");
-  same_device(a.k_scale, "k_scale");
+  check_k_scale(a.k_scale, format, same_device);
 
   require_defined(a.indices, "indices");
   require_dim(a.indices, "indices", 2, "[num_tokens, topk]");
@@ -368,7 +369,6 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   p.num_tokens = static_cast<int>(T);
   p.num_heads = static_cast<int>(H);
   p.head_size = static_cast<int>(head_size);
-  p.sm_scale = static_cast<float>(a.sm_scale);
   p.sm_scale_log2 = static_cast<float>(a.sm_scale * 1.4426950408889634);
   if (T > (int64_t{1} << 30) / ((H + 15) / 16)) fail("q.shape[0] (num_tokens) is too large");
   // Only a launch that may split asks the device for its occupancy (a CUDA call).
@@ -392,14 +392,12 @@ ConcatAndCacheLaunch check_concat_and_cache(const ConcatAndCacheArgs& a, bool re
   require_defined(a.kv_c, "kv_c");
   require_dim(a.kv_c, "kv_c", 2, "[num_tokens, kv_lora_rank]");
   ConcatAndCacheLaunch launch{};
-  if (a.kv_c.dtype == ScalarType::kBFloat16) launch.dtype = DType::kBFloat16;
-  else if (a.kv_c.dtype == ScalarType::kFloat16) launch.dtype = DType::kFloat16;
-  else fail("kv_c must be bfloat16 or float16, got ", scalar_type_name(a.kv_c.dtype));
+  launch.dtype = element_dtype(a.kv_c, "kv_c");
   const int64_t T = a.kv_c.sizes[0];
   require_size(a.kv_c, "kv_c", 1, kKvLoraRank, "kv_lora_rank");
   require_vector_rows(a.kv_c, "kv_c");
   same_device(a.kv_c, "kv_c");
-  launch.head_size = kHeadSizeNoPE;
+  int head_size = kHeadSizeNoPE;
   if (a.k_pe.defined) {
     require_dim(a.k_pe, "k_pe", 2, "[num_tokens, qk_rope_head_dim]");
     require_dtype(a.k_pe, "k_pe", a.kv_c.dtype);
@@ -407,10 +405,10 @@ ConcatAndCacheLaunch check_concat_and_cache(const ConcatAndCacheArgs& a, bool re
     require_size(a.k_pe, "k_pe", 1, kQkRopeHeadDim, "qk_rope_head_dim");
     require_vector_rows(a.k_pe, "k_pe");
     same_device(a.k_pe, "k_pe");
-    launch.head_size = kHeadSizeRoPE;
+    head_size = kHeadSizeRoPE;
   }
   launch.format = parse_kv_cache_dtype(a.kv_cache_dtype, a.kv_cache);
-  check_kv_cache(a.kv_cache, launch.format, launch.head_size);
+  launch.num_rows = check_kv_cache(a.kv_cache, launch.format, head_size);
   same_device(a.kv_cache, "kv_cache");
   require_defined(a.slot_mapping, "slot_mapping");
   require_dim(a.slot_mapping, "slot_mapping", 1, "[num_tokens]");
@@ -418,10 +416,7 @@ ConcatAndCacheLaunch check_concat_and_cache(const ConcatAndCacheArgs& a, bool re
   require_size(a.slot_mapping, "slot_mapping", 0, T, "num_tokens of kv_c");
   if (a.slot_mapping.strides[0] != 1 && T > 1) fail("slot_mapping must be contiguous");
   same_device(a.slot_mapping, "slot_mapping");
-  check_k_scale(a.k_scale);
-  if (a.k_scale.defined && launch.format != KvFormat::kFp8E4m3)
-    fail("k_scale is only used with kv_cache_dtype fp8 / fp8_e4m3");
-  same_device(a.k_scale, "k_scale");
+  check_k_scale(a.k_scale, launch.format, same_device);
   require_disjoint(a.kv_cache, "kv_cache", a.kv_c, "kv_c");
   require_disjoint(a.kv_cache, "kv_cache", a.k_pe, "k_pe");
   return launch;

@@ -98,8 +98,8 @@ struct ConcatAndCacheArgs {
 };
 struct ConcatAndCacheLaunch {
   KvFormat format;
-  int head_size;
-  DType dtype;  // of kv_c / k_pe
+  DType dtype;       // of kv_c / k_pe
+  int64_t num_rows;  // cache rows (slots 0 .. num_rows - 1)
 };
 ConcatAndCacheLaunch check_concat_and_cache(const ConcatAndCacheArgs& args, bool require_cuda);
 

@@ -5,8 +5,8 @@
 #include <cuda_fp8.h>
 
 #include <cfloat>
+#include <type_traits>
 
-#include "kv_convert.cuh"
 #include "static_switch.h"
 
 namespace sparse_mla {

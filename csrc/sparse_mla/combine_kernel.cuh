@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <cstdlib>
 
 #include "formats.h"
 #include "mma_utils.cuh"
@@ -15,35 +14,6 @@ namespace sparse_mla {
 
 constexpr int kCombineThreads = kHeadSizeV / 4;  // one float4 of out per thread
 
-// Whether the current device runs programmatic dependent launches (compute capability >= 9.0),
-// unless SPARSE_MLA_DISABLE_PDL=1 is set (a plain second launch, for comparison or a driver
-// that mishandles them). Cached per device: it is asked once per split launch.
-inline cudaError_t device_has_programmatic_launch(bool& has) {
-  static const bool disabled = [] {
-    const char* v = std::getenv("SPARSE_MLA_DISABLE_PDL");
-    return v != nullptr && v[0] == '1';
-  }();
-  if (disabled) {
-    has = false;
-    return cudaSuccess;
-  }
-  constexpr int kMaxDevices = 64;
-  static int major_of[kMaxDevices] = {};  // 0: not asked yet
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  if (device >= kMaxDevices) {
-    has = false;
-    return cudaSuccess;
-  }
-  if (major_of[device] == 0) {
-    err = cudaDeviceGetAttribute(&major_of[device], cudaDevAttrComputeCapabilityMajor, device);
-    if (err != cudaSuccess) return err;
-  }
-  has = major_of[device] >= 9;
-  return cudaSuccess;
-}
-
 // One block per (token, head). The split weights are computed once into shared memory; each
 // thread then sums its 4 columns over the splits with the loads unrolled, so that many reads of
 // the (L2-resident) partials are in flight instead of one chain of dependent ones.
@@ -51,7 +21,6 @@ template <typename Element>
 __global__ void __launch_bounds__(kCombineThreads)
     sparse_mla_combine_kernel(const SparseMlaFwdParams p) {
   extern __shared__ float s_weight[];  // [num_splits]
-  __shared__ float s_lse;
   const int64_t row = blockIdx.x;
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.num_heads;
   const int t = static_cast<int>(row / p.num_heads);
@@ -75,10 +44,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     const float lse = lse_max == -INFINITY ? -INFINITY : lse_max + logf(sum);
     for (int s = tid; s < p.num_splits; s += 32)
       s_weight[s] = lse == -INFINITY ? 0.f : expf(p.partial_lse[s * rows + row] - lse);  // 0 for an empty split
-    if (tid == 0) {
-      s_lse = lse;
-      p.lse[static_cast<int64_t>(t) * p.lse_stride_t + static_cast<int64_t>(h) * p.lse_stride_h] = lse;
-    }
+    if (tid == 0) p.lse[static_cast<int64_t>(t) * p.lse_stride_t + static_cast<int64_t>(h) * p.lse_stride_h] = lse;
   }
   __syncthreads();
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);

@@ -5,31 +5,38 @@
 
 namespace sparse_mla {
 
-cudaError_t dispatch_sparse_mla_fwd(const SparseMlaFwdParams& p, DType dtype, KvFormat format,
-                                    cudaStream_t stream) {
-  if (p.head_size != kHeadSizeNoPE && p.head_size != kHeadSizeRoPE) return cudaErrorInvalidValue;
+namespace {
+
+// Calls f(Traits{}) with the SparseMlaFwdTraits of (dtype, format, head_size, num_heads);
+// head_size must be 512 or 576.
+template <typename F>
+auto with_fwd_traits(DType dtype, KvFormat format, int head_size, int num_heads, F&& f) {
   return SPARSE_MLA_DTYPE_SWITCH(dtype, Element, [&] {
     return SPARSE_MLA_FORMAT_SWITCH(format, kFormat, [&] {
-      return SPARSE_MLA_HEADDIM_SWITCH(p.head_size, kHeadDim, [&] {
-        return SPARSE_MLA_HEADGROUPS_SWITCH(head_groups_for(p.num_heads), kHeadGroups, [&] {
-          return run_sparse_mla_fwd<SparseMlaFwdTraits<Element, kFormat, kHeadDim, kHeadGroups>>(p, stream);
+      return SPARSE_MLA_HEADDIM_SWITCH(head_size, kHeadDim, [&] {
+        return SPARSE_MLA_HEADGROUPS_SWITCH(head_groups_for(num_heads), kHeadGroups, [&] {
+          return f(SparseMlaFwdTraits<Element, kFormat, kHeadDim, kHeadGroups>{});
         });
       });
     });
   });
 }
 
+bool instantiated_head_size(int head_size) { return head_size == kHeadSizeNoPE || head_size == kHeadSizeRoPE; }
+
+}  // namespace
+
+cudaError_t dispatch_sparse_mla_fwd(const SparseMlaFwdParams& p, DType dtype, KvFormat format,
+                                    cudaStream_t stream) {
+  if (!instantiated_head_size(p.head_size)) return cudaErrorInvalidValue;
+  return with_fwd_traits(dtype, format, p.head_size, p.num_heads,
+                         [&](auto traits) { return run_sparse_mla_fwd<decltype(traits)>(p, stream); });
+}
+
 int fwd_blocks_per_sm(DType dtype, KvFormat format, int head_size, int num_heads) {
-  if (head_size != kHeadSizeNoPE && head_size != kHeadSizeRoPE) return 1;
-  return SPARSE_MLA_DTYPE_SWITCH(dtype, Element, [&] {
-    return SPARSE_MLA_FORMAT_SWITCH(format, kFormat, [&] {
-      return SPARSE_MLA_HEADDIM_SWITCH(head_size, kHeadDim, [&] {
-        return SPARSE_MLA_HEADGROUPS_SWITCH(head_groups_for(num_heads), kHeadGroups, [&] {
-          return sparse_mla_fwd_blocks_per_sm<SparseMlaFwdTraits<Element, kFormat, kHeadDim, kHeadGroups>>();
-        });
-      });
-    });
-  });
+  if (!instantiated_head_size(head_size)) return 1;
+  return with_fwd_traits(dtype, format, head_size, num_heads,
+                         [](auto traits) { return sparse_mla_fwd_blocks_per_sm<decltype(traits)>(); });
 }
 
 }  // namespace sparse_mla

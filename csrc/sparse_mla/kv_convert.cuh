@@ -1,6 +1,7 @@
 // fp8 cache rows (e4m3 with a per-tensor scale, and vLLM's 656-byte fp8_ds_mla record): loaded
-// into registers one tile ahead, decoded into shared memory. e4m3 values are exactly
-// representable in bf16 and fp16, so decoding is exact; the kernel applies the scales in fp32.
+// into registers one tile ahead, decoded into shared memory as fp16 (the MMA type of every fp8
+// configuration, kernel_traits.h). e4m3 values are exactly representable in fp16, so decoding is
+// exact; the kernel applies the scales in fp32.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,9 +16,8 @@
 
 namespace sparse_mla {
 
-// 16 e4m3 values -> 16 Element (two 16-byte chunks), exactly. The e4m3x2 -> f16x2 step is
-// one hardware instruction on sm_89+ and a short integer sequence before that (cuda_fp8.h).
-template <typename Element>
+// 16 e4m3 values -> 16 fp16 (two 16-byte chunks), exactly. The e4m3x2 -> f16x2 step is one
+// hardware instruction on sm_89+ and a short integer sequence before that (cuda_fp8.h).
 __device__ __forceinline__ void e4m3x16_decode(uint4 raw, uint4& lo, uint4& hi) {
   const uint32_t in[4] = {raw.x, raw.y, raw.z, raw.w};
   uint32_t o[8];
@@ -25,14 +25,9 @@ __device__ __forceinline__ void e4m3x16_decode(uint4 raw, uint4& lo, uint4& hi) 
   for (int i = 0; i < 4; ++i) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(
+      const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(
           static_cast<__nv_fp8x2_storage_t>((in[i] >> (16 * h)) & 0xffffu), __NV_E4M3);
-      if constexpr (std::is_same_v<Element, __half>) {
-        o[2 * i + h] = *reinterpret_cast<uint32_t*>(&h2);
-      } else {
-        const float2 f = __half22float2(*reinterpret_cast<__half2*>(&h2));
-        o[2 * i + h] = pack2<__nv_bfloat16>(f.x, f.y);
-      }
+      o[2 * i + h] = *reinterpret_cast<const uint32_t*>(&h2);
     }
   }
   lo = make_uint4(o[0], o[1], o[2], o[3]);
@@ -46,12 +41,13 @@ struct Fp8RowLoader {
   static constexpr KvFormat kFormat = Traits::kFormat;
   static_assert(kFormat == KvFormat::kFp8E4m3 || kFormat == KvFormat::kFp8DsMla);
   using Element = typename Traits::Element;
+  static_assert(std::is_same_v<Element, __half>, "fp8 rows are decoded into fp16 (kernel_traits.h)");
   static constexpr int kD = Traits::kHeadDim;
   static constexpr int kTpr = Traits::kThreadsPerRow;
   // Raw 16-byte chunks (16 e4m3 values) of the latent (fp8_ds_mla) or of the whole row.
   static constexpr int kMainChunks = Traits::kDsMla ? kKvLoraRank / 16 : kD / 16;
   static constexpr int kMainPerThread = (kMainChunks + kTpr - 1) / kTpr;  // last one predicated
-  // fp8_ds_mla with D = 576: 64 bf16 rope values = 8 chunks of 8 (to fp16 for an fp16 MMA).
+  // fp8_ds_mla with D = 576: 64 bf16 rope values = 8 chunks of 8, converted to fp16.
   static constexpr bool kDsRope = Traits::kDsMla && kD == kHeadSizeRoPE;
   static constexpr int kRopePerThread = kDsRope ? (kQkRopeHeadDim / 8) / kTpr : 0;
   static_assert(!kDsRope || kRopePerThread * kTpr == kQkRopeHeadDim / 8);
@@ -87,7 +83,7 @@ struct Fp8RowLoader {
       const int c = sub + i * kTpr;
       if (c >= kMainChunks) break;
       uint4 lo, hi;
-      e4m3x16_decode<Element>(main[i], lo, hi);
+      e4m3x16_decode(main[i], lo, hi);
       reinterpret_cast<uint4*>(dst)[2 * c] = lo;
       reinterpret_cast<uint4*>(dst)[2 * c + 1] = hi;
     }
@@ -95,13 +91,11 @@ struct Fp8RowLoader {
 #pragma unroll
       for (int i = 0; i < kRopePerThread; ++i) {
         uint4 v = rope[i];
-        if constexpr (std::is_same_v<Element, __half>) {
-          uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+        uint32_t* w = reinterpret_cast<uint32_t*>(&v);
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
-            w[k] = pack2<__half>(f.x, f.y);
-          }
+        for (int k = 0; k < 4; ++k) {
+          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+          w[k] = pack2<__half>(f.x, f.y);
         }
         reinterpret_cast<uint4*>(dst + kKvLoraRank)[sub + i * kTpr] = v;
       }

@@ -5,11 +5,39 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 #include "combine_kernel.cuh"
 #include "launch.h"
 #include "sparse_mla_fwd_kernel.cuh"
 
 namespace sparse_mla {
+
+// A positive value per CUDA device, computed once by query(device) (which returns 0 when it
+// fails: nothing is cached and `fallback` is returned).
+constexpr int kMaxCachedDevices = 64;
+template <typename Query>
+int cached_per_device(int (&cache)[kMaxCachedDevices], int fallback, Query&& query) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxCachedDevices) return fallback;
+  if (cache[device] == 0) cache[device] = query(device);
+  return cache[device] > 0 ? cache[device] : fallback;
+}
+
+// Whether the current device runs programmatic dependent launches (compute capability >= 9.0),
+// unless SPARSE_MLA_DISABLE_PDL=1 is set (a plain second launch, for comparison or a driver
+// that mishandles them).
+inline bool device_has_programmatic_launch() {
+  static const bool disabled = [] {
+    const char* v = std::getenv("SPARSE_MLA_DISABLE_PDL");
+    return v != nullptr && v[0] == '1';
+  }();
+  static int major_of[kMaxCachedDevices] = {};
+  return !disabled && cached_per_device(major_of, 0, [](int device) {
+           int major = 0;
+           return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess ? major : 0;
+         }) >= 9;
+}
 
 template <typename Traits>
 cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream) {
@@ -19,8 +47,8 @@ cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream)
   // during stream capture, and repeating it keeps multi-GPU processes simple.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
-  const int num_head_groups = (p.num_heads + Traits::kBlockH - 1) / Traits::kBlockH;
-  const dim3 grid(static_cast<unsigned>(p.num_tokens) * num_head_groups, p.num_splits);
+  const int head_blocks = (p.num_heads + Traits::kBlockH - 1) / Traits::kBlockH;
+  const dim3 grid(static_cast<unsigned>(p.num_tokens) * head_blocks, p.num_splits);
   kernel<<<grid, Traits::kNumThreads, kSmem, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.num_splits == 1) return err;
@@ -35,9 +63,7 @@ cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream)
   cudaLaunchAttribute attribute;
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
-  bool pdl = false;
-  err = device_has_programmatic_launch(pdl);
-  if (err != cudaSuccess) return err;
+  const bool pdl = device_has_programmatic_launch();
   config.attrs = pdl ? &attribute : nullptr;
   config.numAttrs = pdl ? 1 : 0;
   return cudaLaunchKernelEx(&config, sparse_mla_combine_kernel<typename Traits::QElement>, p);
@@ -45,22 +71,18 @@ cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream)
 
 template <typename Traits>
 int sparse_mla_fwd_blocks_per_sm() {
-  constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};  // 0: not asked yet
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device >= kMaxDevices) return 1;
-  if (cached[device] == 0) {
+  static int blocks_of[kMaxCachedDevices] = {};
+  return cached_per_device(blocks_of, 1, [](int) {
     constexpr int kSmem = Traits::kSmemBytes;
     auto kernel = sparse_mla_fwd_kernel<Traits, kSmem>;
     int blocks = 0;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Traits::kNumThreads, kSmem) != cudaSuccess) {
       (void)cudaGetLastError();  // not sticky; planning falls back to one block per SM
-      return 1;
+      return 0;
     }
-    cached[device] = blocks > 0 ? blocks : 1;
-  }
-  return cached[device];
+    return blocks;
+  });
 }
 
 }  // namespace sparse_mla

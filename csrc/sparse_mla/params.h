@@ -20,7 +20,7 @@ struct SparseMlaFwdParams {
   int64_t num_kv_rows;
   const float* k_scale;  // fp8_e4m3 per-tensor scale (device pointer), else null
 
-  // indices [T, topk_stride] int32 physical rows; optional topk_len [T].
+  // indices [T, indices_stride_t] int32 physical rows; optional topk_len [T].
   const int32_t* indices;
   int64_t indices_stride_t;
   const int32_t* topk_len;
@@ -35,7 +35,6 @@ struct SparseMlaFwdParams {
   int num_tokens;
   int num_heads;
   int head_size;   // D: 512 or 576
-  float sm_scale;
   float sm_scale_log2;  // sm_scale * log2(e): the kernel works in base 2
 
   // Split of the top-k axis across blocks (flash-decoding). num_splits == 1 writes out/lse

@@ -30,16 +30,23 @@ __device__ __forceinline__ int token_topk(const SparseMlaFwdParams& p, int t) {
   return len < 0 ? 0 : (len < p.topk ? len : p.topk);
 }
 
-// Writes x as MMA operands: x ~= hi + lo with both in Element (lo only when kSplit).
+// x0, x1 as MMA operand pairs: x ~= hi + lo with both in Element (lo only when kSplit).
+template <typename Element, bool kSplit>
+__device__ __forceinline__ void split2(uint32_t& hi, uint32_t& lo, float x0, float x1) {
+  hi = pack2<Element>(x0, x1);
+  if constexpr (kSplit) {
+    const Element* he = reinterpret_cast<const Element*>(&hi);
+    lo = pack2<Element>(x0 - static_cast<float>(he[0]), x1 - static_cast<float>(he[1]));
+  }
+}
+
+// The same, stored to shared memory.
 template <typename Element, bool kSplit>
 __device__ __forceinline__ void store_split2(Element* hi, Element* lo, float x0, float x1) {
-  const uint32_t h = pack2<Element>(x0, x1);
+  uint32_t h, l;
+  split2<Element, kSplit>(h, l, x0, x1);
   *reinterpret_cast<uint32_t*>(hi) = h;
-  if constexpr (kSplit) {
-    const Element* he = reinterpret_cast<const Element*>(&h);
-    *reinterpret_cast<uint32_t*>(lo) =
-        pack2<Element>(x0 - static_cast<float>(he[0]), x1 - static_cast<float>(he[1]));
-  }
+  if constexpr (kSplit) *reinterpret_cast<uint32_t*>(lo) = l;
 }
 
 // fp8_ds_mla in fp16: P copy w is divided by a power of two near the tile's largest scale of
@@ -199,12 +206,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         } else {
           // bf16 -> fp16, or fp16 -> bf16 hi + lo.
           const QElement* v = reinterpret_cast<const QElement*>(&raw);
-          const float x0 = static_cast<float>(v[0]), x1 = static_cast<float>(v[1]);
-          q_frag[s][0][i] = pack2<Element>(x0, x1);
-          if constexpr (Traits::kQSplit) {
-            const Element* hi = reinterpret_cast<const Element*>(&q_frag[s][0][i]);
-            q_frag[s][1][i] = pack2<Element>(x0 - static_cast<float>(hi[0]), x1 - static_cast<float>(hi[1]));
-          }
+          split2<Element, Traits::kQSplit>(q_frag[s][0][i], q_frag[s][kQParts - 1][i], static_cast<float>(v[0]),
+                                           static_cast<float>(v[1]));
         }
       }
     }

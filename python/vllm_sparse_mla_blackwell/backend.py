@@ -131,7 +131,7 @@ def convert_req_index_to_global_index_torch(
     block = torch.div(tok, block_size, rounding_mode="floor")
     valid = (tok >= 0) & (block < max_blocks)
     rows = block_table.long().index_select(0, req_id[:num_tokens].long())
-    base = torch.gather(rows, 1, block.clamp(0, max(max_blocks - 1, 0))) if max_blocks else block
+    base = torch.gather(rows, 1, block.clamp(0, max_blocks - 1)) if max_blocks else block
     physical = torch.where(valid, base * stride + tok.remainder(block_size), -1)
     if out is None:
         return physical.to(torch.int32)
@@ -285,8 +285,6 @@ class SparseMLABlackwellBackend(AttentionBackend):
         use_mm_prefix: bool,
         device_capability: DeviceCapability,
     ) -> str | None:
-        if not ops.extension_available():
-            return f"{BACKEND_NAME}: the sparse-MLA op library did not load ({ops.EXTENSION_ERROR})"
         reason = ops.unsupported_device_reason((device_capability.major, device_capability.minor))
         if reason is not None:
             return f"{BACKEND_NAME}: {reason}"
@@ -588,8 +586,6 @@ class SparseMLABlackwellImpl(SparseMLACommonImpl[SparseMLABlackwellMetadata]):
         physical = self._physical_topk(
             logical, attn_metadata, block_stride_rows, idx_ws[:num_tokens]
         )
-        if self._op_workspace is None and q_nope.is_cuda:
-            self._op_workspace = ops.get_workspace(q_nope.device)
         return ops.sparse_mla_fwd(
             q_nope,
             kv_rows,

@@ -107,7 +107,7 @@ def _pool(kv_dtype: str, head_size: int, device) -> tuple[torch.Tensor, str, tor
     kv_c = torch.randn(POOL_ROWS, 512, device=device, generator=gen, dtype=torch.bfloat16)
     k_pe = (torch.randn(POOL_ROWS, head_size - 512, device=device, generator=gen, dtype=torch.bfloat16)
             if head_size > 512 else None)
-    name = {"bf16": "bfloat16", "fp8_e4m3": "fp8_e4m3", "fp8_ds_mla": "fp8_ds_mla"}[kv_dtype]
+    name = formats.KV_CACHE_DTYPES[kv_dtype]
     width = formats.kv_row_bytes(name, head_size)
     dtype = torch.bfloat16 if kv_dtype == "bf16" else torch.uint8
     cache = torch.empty(POOL_ROWS // 64, 64, width // (2 if kv_dtype == "bf16" else 1), dtype=dtype, device=device)
@@ -136,6 +136,7 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
     rows_out: list[Row] = []
     gen = torch.Generator(device=device).manual_seed(1)
     checksum = torch.zeros(1024, dtype=torch.int32, device=device)
+    ws = ops.get_workspace(device)
     shapes = [(m, h, t) for m, (d, k, hs, s) in models.items() for h in hs for t in tokens]
     pools: dict[tuple[str, int], tuple] = {}
     for model, num_heads, num_tokens in (progress(shapes) if progress else shapes):
@@ -146,7 +147,6 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
                     for _ in range(INDEX_SETS)]
         out = torch.empty(num_tokens, num_heads, 512, device=device, dtype=torch.bfloat16)
         lse = torch.empty(num_tokens, num_heads, device=device)
-        ws = ops.get_workspace(device)
         flops = 2.0 * num_tokens * num_heads * topk * (head_size + 512)
         by_dtype: dict[str, Row] = {}
         for kv_dtype in kv_dtypes:
@@ -168,9 +168,9 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
             ms = _median_ms(attn, _reps(est), INDEX_SETS)
             gms = _median_ms(gather, _reps(est), INDEX_SETS)
             nbytes = num_tokens * topk * row_bytes
+            tflops = flops / (ms * 1e-3) / 1e12
             row = Row(model, head_size, num_heads, topk, num_tokens, kv_dtype, ms * 1e3, gms * 1e3,
-                      nbytes / (ms * 1e-3) / 1e9, gms / ms, flops / (ms * 1e-3) / 1e12,
-                      flops / (ms * 1e-3) / 1e12 / mma_peak)
+                      nbytes / (ms * 1e-3) / 1e9, gms / ms, tflops, tflops / mma_peak)
             if kv_dtype != "bf16" and "bf16" in by_dtype:
                 row.fp8_over_bf16 = by_dtype["bf16"].us / row.us
             if naive and kv_dtype == "bf16" and num_tokens <= NAIVE_MAX_TOKENS:
@@ -198,7 +198,7 @@ def roofline_png(rows: list[Row], meta: dict, path: str) -> None:
     markers = {"bf16": "o", "fp8_e4m3": "s", "fp8_ds_mla": "^"}
     for r in rows:
         intensity = 2.0 * r.num_heads * (r.head_size + 512) / formats.kv_row_bytes(
-            {"bf16": "bfloat16"}.get(r.kv_cache_dtype, r.kv_cache_dtype), r.head_size)
+            formats.KV_CACHE_DTYPES[r.kv_cache_dtype], r.head_size)
         ax.scatter(intensity, r.tflops, marker=markers[r.kv_cache_dtype], s=12 + 4 * math.log2(r.num_tokens + 1),
                    c="C0" if r.head_size == 512 else "C1", alpha=0.7)
     ax.set_xscale("log")

@@ -52,7 +52,6 @@ class CaseInputs:
     kv_rows: torch.Tensor    # fp32 dequantised rows [num_rows, D], NaN where unreferenced
 
 
-_KV_OP_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8_e4m3": "fp8_e4m3", "fp8_ds_mla": "fp8_ds_mla"}
 
 
 def make_inputs(case: Case, device: torch.device | str) -> CaseInputs:
@@ -104,10 +103,10 @@ def make_inputs(case: Case, device: torch.device | str) -> CaseInputs:
     referenced = torch.zeros(num_rows, dtype=torch.bool)
     referenced[indices[:, :topk][valid].long()] = True
 
-    kv_op = _KV_OP_DTYPE[case.kv_cache_dtype]
+    kv_op = formats.KV_CACHE_DTYPES[case.kv_cache_dtype]
     k_scale = None
     if kv_op in ("bfloat16", "float16"):
-        cache_dtype = DTYPES["bf16" if kv_op == "bfloat16" else "fp16"]
+        cache_dtype = DTYPES[case.kv_cache_dtype]
         rows = torch.cat([kv_c, k_pe], dim=1) if k_pe is not None else kv_c
         rows = rows.to(cache_dtype)
         rows[~referenced] = float("nan")
@@ -149,7 +148,7 @@ def make_inputs(case: Case, device: torch.device | str) -> CaseInputs:
         k_scale=None if k_scale is None else k_scale.to(device),
         indices=indices.to(device),
         topk_len=None if topk_len is None else topk_len.to(device),
-        out=out.to(device) if case.layout != "strided" else _strided_to(out, device),
+        out=_strided_to(out, device),
         kv_rows=kv_rows,
     )
 
@@ -194,8 +193,11 @@ def compare(case: Case, inputs: CaseInputs, out: torch.Tensor, lse: torch.Tensor
     out is bf16/fp16, so even a perfect kernel differs from the fp32 reference by the rounding of
     out (unit roundoff 2^-8 for bf16: per-row relative error up to 3.9e-3, per-row cosine down to
     about 0.999997 on this matrix). The relative-error bar is checked against the fp32 reference
-    itself; the cosine bar against the fp32 reference rounded to out's dtype, i.e. the error the
-    kernel adds beyond that unavoidable rounding. Both numbers are reported either way.
+    itself and against the rounded reference; the cosine bar against the fp32 reference rounded
+    to out's dtype, i.e. the error the kernel adds beyond that unavoidable rounding. Both cosines
+    are reported either way.
+
+    Shapes: ``out [T, H, 512]`` in q's dtype, ``lse [T, H]`` fp32, both from the op (any device).
     """
     ref_out, ref_lse = reference.sparse_mla_reference(
         inputs.q, inputs.kv_rows, inputs.indices, case.sm_scale, topk=case.topk,

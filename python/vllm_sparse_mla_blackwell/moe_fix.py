@@ -58,12 +58,11 @@ from typing import Any
 import torch
 from vllm.logger import init_logger
 
+from vllm_sparse_mla_blackwell.plugins import MOE_INPUT_SCALE_ENV as ENV_VAR  # the value's variable
+
 # Under the "vllm." hierarchy so that vLLM's logging configuration (handler, format, level)
 # applies; a logger outside it would print nothing below WARNING.
 logger = init_logger("vllm." + __name__)
-
-#: The environment variable that carries the value (see ``plugins.py``).
-ENV_VAR = "VLLM_GLM53_MOE_INPUT_SCALE"
 
 #: The NVFP4 MoE parameters this fix watches: ``w13_input_scale`` float32 ``[E, S]`` and
 #: ``w2_input_scale`` float32 ``[E]`` (``ModelOptNvFp4FusedMoE.create_weights``).
@@ -313,7 +312,7 @@ def unloaded_input_scale_mask(
     return data.view(torch.int32) == SENTINEL_BITS
 
 
-def _describe_positions(name: str, mask: torch.Tensor) -> str:
+def _describe_positions(mask: torch.Tensor) -> str:
     """``"e0.w1, e0.w3, e5.w3"`` for ``[E, S]`` masks, ``"e0, e5"`` for ``[E]`` ones."""
     positions = mask.nonzero().tolist()
     items = []
@@ -395,7 +394,7 @@ def fill_missing_input_scales(
         total[pname] = mask.numel()
     counts = {pname: int(mask.sum().item()) for pname, mask in masks.items()}
     positions = {
-        pname: _describe_positions(pname, masks[pname]) for pname, n in counts.items() if n
+        pname: _describe_positions(masks[pname]) for pname, n in counts.items() if n
     }
     if any(counts.values()):
         if value is None:
@@ -415,7 +414,7 @@ def fill_missing_input_scales(
                 getattr(layer, pname).data.masked_fill_(mask, scale)
     return LayerFillReport(
         layer_name=name,
-        filled={pname: n for pname, n in counts.items()},
+        filled=dict(counts),
         total=total,
         positions=positions,
     )

@@ -94,7 +94,7 @@ def unsupported_device_reason(capability: tuple[int, int]) -> str | None:
     arch-specific ``sm_XYa`` only on X.Y itself; embedded PTX ``compute_XY`` is compiled by the
     driver for any X.Y or newer.
     """
-    if EXTENSION_ERROR is not None:
+    if not extension_available():
         return f"the sparse-MLA op library did not load ({EXTENSION_ERROR})"
     major, minor = capability
     for target in compiled_targets():
@@ -213,7 +213,8 @@ def concat_and_cache_sparse_mla(
     Args:
         kv_c: bf16/fp16 ``[T, 512]`` latent.
         k_pe: bf16/fp16 ``[T, 64]`` rope part, or ``None`` for NoPE (head_size 512).
-        kv_cache: cache as in ``sparse_mla_fwd``, written in place.
+        kv_cache: cache as in ``sparse_mla_fwd`` (bf16/fp16 rows, uint8 or float8_e4m3fn fp8
+            rows, or uint8 656-byte ``fp8_ds_mla`` records), written in place.
         slot_mapping: int64 ``[T]`` physical rows; ``-1`` skips a token, and so does any slot
             outside the cache (never written out of bounds).
         kv_cache_dtype: as in ``sparse_mla_fwd``. ``fp8_ds_mla`` scales follow vLLM (per 128
@@ -222,5 +223,6 @@ def concat_and_cache_sparse_mla(
 
     Raises:
         ValueError: bad arguments, naming the argument, before anything is written.
+        RuntimeError: the op library is not built, or a CUDA error.
     """
     _ops().concat_and_cache_sparse_mla(kv_c, k_pe, kv_cache, slot_mapping, k_scale, kv_cache_dtype)

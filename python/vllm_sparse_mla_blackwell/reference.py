@@ -64,6 +64,8 @@ def sparse_mla_reference(
         topk: slots used per token, default ``indices.shape[1]``.
         topk_len: optional int32 ``[T]``; slots ``j >= topk_len[t]`` are masked.
         q_pe: optional rope part ``[T, H, R]`` appended to ``q``.
+        max_gather_bytes: bytes of fp32 gathered rows held at once; tokens are processed in
+            chunks that fit (memory bound for long prefills, not a result change).
 
     Returns:
         ``(out, lse)``: fp32 ``[T, H, 512]`` and fp32 ``[T, H]`` (natural log). A token with no
@@ -147,7 +149,7 @@ def dequantize_kv_cache(
         .contiguous()
         .view(torch.float32)
     )
-    latent = (latent.view(-1, 4, formats.FP8_DS_MLA_TILE) * scales[..., None]).view(-1, 512)
+    latent = (latent.view(-1, 4, formats.FP8_DS_MLA_TILE) * scales[..., None]).view(-1, formats.KV_LORA_RANK)
     if head_size == formats.KV_LORA_RANK:
         return latent
     rope = raw[:, formats.FP8_DS_MLA_ROPE_OFFSET :].contiguous().view(torch.bfloat16).float()

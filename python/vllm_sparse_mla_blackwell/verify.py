@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -115,7 +114,7 @@ def run_graph_case(head_size: int, device: torch.device) -> CaseResult:
 
 def run_stress(device: torch.device, launches: int, timeout_s: float = 120.0) -> CaseResult:
     """Back-to-back launches polled against a deadline (a hang fails instead of blocking), with
-    every result compared bitwise against the first (determinism)."""
+    every out and lse compared bitwise against the first (determinism)."""
     case = Case(head_size=576, num_heads=64, topk=2048, num_tokens=4, masking="random")
     inputs = cases.make_inputs(case, device)
     kwargs = dict(q_pe=inputs.q_pe, kv_cache_dtype=inputs.kv_cache_dtype, k_scale=inputs.k_scale,
@@ -128,6 +127,7 @@ def run_stress(device: torch.device, launches: int, timeout_s: float = 120.0) ->
     for _ in range(launches):
         ops.sparse_mla_fwd(inputs.q, inputs.kv_cache, inputs.indices, case.sm_scale, out=out, lse=lse, **kwargs)
         mismatches += (out.view(torch.int16) != first.view(torch.int16)).any()
+        mismatches += (lse.view(torch.int32) != first_lse.view(torch.int32)).any()
     done = torch.cuda.Event()
     done.record()
     deadline = time.monotonic() + timeout_s
@@ -203,10 +203,8 @@ def main(quick: bool = False, json_path: str | None = None, fp8: bool = True) ->
     for col in ("group", "cases", "worst rel err", "min cosine", "min cosine vs fp32", "worst lse err",
                 "masked exact", "passed"):
         summary.add_column(col, justify="right" if col not in ("group",) else "left")
-    all_ok = True
     for group, rs in results.items():
         failed = [r for r in rs if not r.passed]
-        all_ok &= not failed
         if failed or not quick:
             t = Table(title=group, show_lines=False)
             for col in ("case", "rel err", "cosine", "cosine vs fp32", "lse err", "exact", "ok"):
@@ -224,7 +222,7 @@ def main(quick: bool = False, json_path: str | None = None, fp8: bool = True) ->
     console.print(summary)
     total = sum(len(rs) for rs in results.values())
     passed = sum(r.passed for rs in results.values() for r in rs)
-    verdict = "PASS" if all_ok and passed == total else "FAIL"
+    verdict = "PASS" if passed == total else "FAIL"
     console.print(f"[bold]{verdict}[/]: {passed}/{total} cases passed on {props.name}")
     if json_path:
         with open(json_path, "w") as f:
