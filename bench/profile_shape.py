@@ -1,6 +1,8 @@
 """Run one bench shape a few times, for a profiler: ``ncu --clock-control none -k regex:sparse_mla
 python bench/profile_shape.py --heads 128 --tokens 1024``. Inputs are built as `bench` builds
 them (256K-row pool, random slots); the calls are plain launches, so the profiler sees each one.
+``--gather`` also runs the gather ceiling kernel on the same rows (``-k regex:"sparse_mla|gather"``),
+so that the two can be compared metric by metric.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--kv", default="bf16", choices=bench.KV_DTYPES)
     ap.add_argument("--calls", type=int, default=3)
+    ap.add_argument("--gather", action="store_true", help="also run the gather ceiling kernel on the same rows")
     args = ap.parse_args()
     if args.calls < 1:
         ap.error("--calls must be >= 1")
@@ -30,6 +33,9 @@ def main() -> None:
     idx = torch.randint(0, bench.POOL_ROWS, (args.tokens, topk), device=device, dtype=torch.int32, generator=gen)
     for _ in range(args.calls):
         out, lse = ops.sparse_mla_fwd(q, cache, idx, sm_scale, kv_cache_dtype=name, k_scale=k_scale)
+        if args.gather:
+            rows = cache.view(torch.uint8).view(bench.POOL_ROWS, -1)
+            torch.ops.sparse_mla_bw.bench_gather_rows(rows, idx, torch.zeros(1024, dtype=torch.int32, device=device))
     torch.cuda.synchronize()
     print(f"{args.model} H{args.heads} T{args.tokens} {args.kv}: out finite = {bool(out.isfinite().all())}")
 
