@@ -138,12 +138,14 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   const int g_row = tid / kGatherTpr;
   const int g_sub = tid % kGatherTpr;
   const int32_t* idx_ptr = p.indices + static_cast<int64_t>(t) * p.indices_stride_t;
-  auto row_index = [&](int tile, int i) -> int64_t {  // the thread's row i; -1 when masked
+  // The thread's row i of `tile` as stored (-1 past topk_t). Indices are prefetched one tile
+  // ahead and checked only when used (valid_row): checked at once, every warp stalled on the
+  // index load right after issuing a tile (ncu: 12-21 % of all stall samples on that compare).
+  auto row_index = [&](int tile, int i) -> int32_t {
     const int j = (tile_begin + tile) * kBlockN + g_row + i * kGatherRowStride;
-    if (j >= topk_t) return -1;
-    const int64_t r = __ldg(idx_ptr + j);
-    return (r >= 0 && r < p.num_kv_rows) ? r : -1;
+    return j < topk_t ? __ldg(idx_ptr + j) : -1;
   };
+  auto valid_row = [&](int32_t r) { return r >= 0 && r < p.num_kv_rows; };
   // First column of this warp's k-step s: latent steps, then its share of the rope steps.
   auto step_col = [&](int s) {
     return s < kLatentSteps ? (wq * kLatentSteps + s) * 16
@@ -153,17 +155,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   // fp8 register path: the tile in flight. Issued first so its latency overlaps the Q loads.
   using Loader = std::conditional_t<Traits::kDirectCopy, int, Fp8RowLoader<Traits>>;
   Loader loader;
-  int64_t next_row[kGatherRows];  // the thread's rows of the next tile to issue
+  int32_t next_row[kGatherRows];  // the thread's rows of the next tile to issue
 #pragma unroll
   for (int i = 0; i < kGatherRows; ++i) next_row[i] = num_tiles > 0 ? row_index(0, i) : -1;
   // Issue the gather of `tile` into `stage` (cp.async) or into registers.
   auto issue_tile = [&](int tile, int stage) {
 #pragma unroll
     for (int i = 0; i < kGatherRows; ++i) {
-      const int64_t r = next_row[i];
+      const int32_t r = next_row[i];
       next_row[i] = tile + 1 < num_tiles ? row_index(tile + 1, i) : -1;
-      const bool valid = tile < num_tiles && r >= 0;
-      const uint8_t* row = p.kv + (valid ? r : 0) * p.kv_row_stride;
+      const bool valid = tile < num_tiles && valid_row(r);
+      const uint8_t* row = p.kv + (valid ? static_cast<int64_t>(r) : 0) * p.kv_row_stride;
       if constexpr (Traits::kDirectCopy) {
         const int row_in_tile = g_row + i * kGatherRowStride;
         Element* dst = sKV + stage * (kBlockN * kPitch) + row_in_tile * kPitch;
