@@ -61,7 +61,8 @@ struct SparseMlaFwdTraits {
   static constexpr int kLatentStepsPerWarp = kKvLoraRank / 16 / kWarpsPerGroup;  // 8
   static constexpr int kRopeStepsPerWarp = (kHeadDim - kKvLoraRank) / 16 / kWarpsPerGroup;  // 0 or 1
   static constexpr int kStepsPerWarp = kLatentStepsPerWarp + kRopeStepsPerWarp;
-  static constexpr int kThreadsPerRow = kNumThreads / kBlockN;  // gather: 4 or 8 threads per KV row
+  // fp8 register loader: 4 or 8 threads per KV row (cp.async gathers use 8 in every block).
+  static constexpr int kThreadsPerRow = kNumThreads / kBlockN;
   static_assert(kThreadsPerRow * kBlockN == kNumThreads);
   static_assert(kRopeStepsPerWarp * 16 * kWarpsPerGroup == kHeadDim - kKvLoraRank);
   static_assert(kLatentStepsPerWarp * 16 == kDsMlaTile && kDvPerWarp == kDsMlaTile,
