@@ -22,7 +22,8 @@ def main() -> None:
     ap.add_argument("csv", help="ncu --page source --csv --print-source sass output")
     ap.add_argument("--top", type=int, default=25, help="instructions to list")
     args = ap.parse_args()
-    rows = list(csv.reader(open(args.csv)))
+    with open(args.csv, newline="") as f:
+        rows = list(csv.reader(f))
     head = next(i for i, r in enumerate(rows) if any(c.startswith("Source") for c in r) and any("Sampl" in c for c in r))
     header = rows[head]
     src = next(i for i, c in enumerate(header) if c.startswith("Source"))

@@ -31,11 +31,12 @@ def main() -> None:
     gen = torch.Generator(device=device).manual_seed(1)
     q = torch.randn(args.tokens, args.heads, head_size, device=device, dtype=torch.bfloat16, generator=gen)
     idx = torch.randint(0, bench.POOL_ROWS, (args.tokens, topk), device=device, dtype=torch.int32, generator=gen)
+    rows = cache.view(torch.uint8).view(bench.POOL_ROWS, -1)
+    checksum = torch.zeros(1024, dtype=torch.int32, device=device)
     for _ in range(args.calls):
         out, lse = ops.sparse_mla_fwd(q, cache, idx, sm_scale, kv_cache_dtype=name, k_scale=k_scale)
         if args.gather:
-            rows = cache.view(torch.uint8).view(bench.POOL_ROWS, -1)
-            torch.ops.sparse_mla_bw.bench_gather_rows(rows, idx, torch.zeros(1024, dtype=torch.int32, device=device))
+            torch.ops.sparse_mla_bw.bench_gather_rows(rows, idx, checksum)
     torch.cuda.synchronize()
     print(f"{args.model} H{args.heads} T{args.tokens} {args.kv}: out finite = {bool(out.isfinite().all())}")
 
