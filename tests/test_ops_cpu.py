@@ -4,8 +4,12 @@ constants shared between C++ and Python."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -259,3 +263,25 @@ def test_bench_refuses_unknown_names_before_looking_for_a_gpu():
 
     assert bench.main(kv_dtypes=("fp8_e5m2",)) == 1
     assert bench.main(models=("GLM-6",)) == 1
+
+
+def test_case_inputs_are_the_same_in_every_process():
+    """A case draws the same inputs whatever the process's str-hash salt (so a failing verify
+    case can be re-run), and a different Case.seed draws different ones."""
+    case = cases.Case(head_size=512, num_heads=2, topk=64, num_tokens=2, masking="random")
+    script = ("from vllm_sparse_mla_blackwell import cases;"
+              f"c = cases.Case(head_size=512, num_heads=2, topk=64, num_tokens=2, masking='random');"
+              "i = cases.make_inputs(c, 'cpu');"
+              "print(cases.case_seed(c), float(i.q.double().sum()), int(i.indices.long().sum()))")
+    # The subprocesses import the same copy of the package as this one.
+    path = os.pathsep.join([os.path.dirname(os.path.dirname(cases.__file__)), os.environ.get("PYTHONPATH", "")])
+    outs = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": salt, "PYTHONPATH": path}).stdout.strip()
+            for salt in ("1", "2")}
+    assert len(outs) == 1
+    here = cases.make_inputs(case, "cpu")
+    seed, q_sum, idx_sum = outs.pop().split()
+    assert int(seed) == cases.case_seed(case)
+    assert float(q_sum) == float(here.q.double().sum()) and int(idx_sum) == int(here.indices.long().sum())
+    other = cases.make_inputs(dataclasses.replace(case, seed=1), "cpu")
+    assert not torch.equal(other.q, here.q)

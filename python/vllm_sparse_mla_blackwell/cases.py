@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import zlib
 
 import torch
 
@@ -54,10 +55,17 @@ class CaseInputs:
 
 
 
+def case_seed(case: Case) -> int:
+    """The generator seed of a case's inputs: a CRC-32 of its repr, so the same case draws the
+    same inputs in every process (Python's str hash is salted per process); ``Case.seed`` gives a
+    fresh draw."""
+    return zlib.crc32(repr(case).encode()) & 0x7FFFFFFF
+
+
 def make_inputs(case: Case, device: torch.device | str) -> CaseInputs:
-    """Random inputs for a case: fresh values per seed, shuffled block table, unreferenced cache
-    rows set to NaN (bytes 0xFF for fp8), output poisoned with NaN."""
-    gen = torch.Generator(device="cpu").manual_seed(hash((case, "inputs")) % (2**31))
+    """Random inputs for a case (drawn from ``case_seed``): shuffled block table, unreferenced
+    cache rows set to NaN (bytes 0xFF for fp8), output poisoned with NaN."""
+    gen = torch.Generator(device="cpu").manual_seed(case_seed(case))
     T, H, D, topk = case.num_tokens, case.num_heads, case.head_size, case.topk
     width = max(case.index_width, topk)
     dtype = DTYPES[case.q_dtype]
