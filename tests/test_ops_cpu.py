@@ -270,7 +270,7 @@ def test_case_inputs_are_the_same_in_every_process():
     case can be re-run), and a different Case.seed draws different ones."""
     case = cases.Case(head_size=512, num_heads=2, topk=64, num_tokens=2, masking="random")
     script = ("from vllm_sparse_mla_blackwell import cases;"
-              f"c = cases.Case(head_size=512, num_heads=2, topk=64, num_tokens=2, masking='random');"
+              "c = cases.Case(head_size=512, num_heads=2, topk=64, num_tokens=2, masking='random');"
               "i = cases.make_inputs(c, 'cpu');"
               "print(cases.case_seed(c), float(i.q.double().sum()), int(i.indices.long().sum()))")
     # The subprocesses import the same copy of the package as this one.
