@@ -163,6 +163,10 @@ def logical_to_physical_topk(
 
     Returns:
         int32 ``[T, W]`` physical row ids for ``ops.sparse_mla_fwd``.
+
+    Raises:
+        RuntimeError: from torch or Triton when the metadata does not match ``token_indices``
+            (fewer ``req_id_per_token`` entries than T, ``out`` of another shape).
     """
     num_tokens, width = token_indices.shape
     req_id = attn_metadata.req_id_per_token[:num_tokens]
@@ -496,7 +500,13 @@ class SparseMLABlackwellImpl(SparseMLACommonImpl[SparseMLABlackwellMetadata]):
     ) -> None:
         """Write ``kv_c_normed`` ``[T, 512]`` and ``k_pe`` ``[T, 1, R]`` at ``slot_mapping``
         (``-1`` skipped): vLLM's ``concat_and_cache_mla`` where it supports the format, else
-        ``ops.concat_and_cache_sparse_mla`` (CPU, NoPE fp8 / fp8_ds_mla, dtype conversion)."""
+        ``ops.concat_and_cache_sparse_mla`` (CPU, NoPE fp8 / fp8_ds_mla, dtype conversion).
+
+        Raises:
+            ValueError: on the package's path, a bad shape, dtype or kv_cache_dtype, named,
+                before anything is written (``ops.concat_and_cache_sparse_mla``).
+            RuntimeError: a CUDA error, or vLLM's kernel rejecting its arguments.
+        """
         if kv_cache.numel() == 0:
             return
         if self._vllm_writes_cache(kv_c_normed, kv_cache):
@@ -564,6 +574,12 @@ class SparseMLABlackwellImpl(SparseMLACommonImpl[SparseMLABlackwellMetadata]):
         Returns:
             ``(out [T, H, 512] in q's dtype, lse [T, H] fp32, natural log)``, views of vLLM's
             workspace; a token with no valid index gets ``out = 0``, ``lse = -inf``.
+
+        Raises:
+            AssertionError: the layer has no ``topk_indices_buffer`` (not a sparse-MLA layer).
+            ValueError: from ``ops.sparse_mla_fwd``, a bad shape, dtype or device, named,
+                before any launch.
+            RuntimeError: a CUDA error.
         """
         if isinstance(q, tuple):
             q_nope, q_pe = q
