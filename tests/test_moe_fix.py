@@ -20,8 +20,6 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import os
-import tempfile
 
 import pytest
 
@@ -49,31 +47,9 @@ SENT = moe_fix.SENTINEL_BITS
 
 
 @pytest.fixture(scope="module")
-def vllm_config():
+def vllm_config(cpu_vllm_config):
     """A VllmConfig on CPU and a 1-rank gloo world (vLLM parameters ask for the TP rank)."""
-    from vllm.distributed import parallel_state as ps
-
-    config = VllmConfig(device_config=DeviceConfig(device="cpu"))
-    started = False
-    with set_current_vllm_config(config):
-        if not torch.distributed.is_initialized():
-            fd, path = tempfile.mkstemp(prefix="moe_fix_dist_")
-            os.close(fd)
-            os.unlink(path)
-            ps.init_distributed_environment(
-                world_size=1,
-                rank=0,
-                local_rank=0,
-                distributed_init_method=f"file://{path}",
-                backend="gloo",
-            )
-            started = True
-        if not ps.model_parallel_is_initialized():
-            ps.initialize_model_parallel(1, 1)
-    yield config
-    if started:
-        ps.destroy_model_parallel()
-        ps.destroy_distributed_environment()
+    return cpu_vllm_config
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 import types
 from pathlib import Path
@@ -338,24 +337,8 @@ def model_configs(tmp_path_factory):
     return get
 
 
-@pytest.fixture(scope="module")
-def single_process_group():
-    """TP/PP groups of one CPU process (vLLM's sparse-MLA base reads the TP size)."""
-    from vllm.distributed import parallel_state
-
-    if parallel_state._TP is None:
-        config = VllmConfig(device_config=DeviceConfig(device="cpu"))
-        with set_current_vllm_config(config):
-            parallel_state.init_distributed_environment(
-                world_size=1, rank=0, local_rank=0, backend="gloo",
-                distributed_init_method=f"file://{tempfile.mktemp(prefix='vllm_pg_')}",
-            )
-            parallel_state.initialize_model_parallel(1, 1)
-    yield
-
-
 @pytest.fixture
-def cpu_runtime(single_process_group, monkeypatch):
+def cpu_runtime(cpu_vllm_config, monkeypatch):
     """A fresh vLLM workspace manager on the CPU; no pinned host memory without a driver."""
     import vllm.model_executor.layers.attention.sparse_mla_attention as sparse_mla_attention
     from vllm.v1.worker import workspace
