@@ -46,12 +46,6 @@ SENT = moe_fix.SENTINEL_BITS
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def vllm_config(cpu_vllm_config):
-    """A VllmConfig on CPU and a 1-rank gloo world (vLLM parameters ask for the TP rank)."""
-    return cpu_vllm_config
-
-
 @pytest.fixture(autouse=True)
 def clean_fix():
     moe_fix.unregister()
@@ -139,9 +133,9 @@ def quant_config(weight_only: bool):
     return modelopt.ModelOptNvFp4Config.from_config(copy.deepcopy(raw))
 
 
-def make_layer(vllm_config, weight_only: bool = False, prefix: str = PREFIX):
+def make_layer(weight_only: bool = False, prefix: str = PREFIX):
     """The ``RoutedExperts`` module vLLM builds for one FusedMoE layer (E=8, top-2, hidden 256,
-    intermediate 128, bf16)."""
+    intermediate 128, bf16); needs the ``cpu_vllm_config`` world."""
     # A fresh config per layer: vLLM registers each layer's name in its config.
     with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
         runner = FusedMoEFactory(
@@ -227,14 +221,14 @@ def process(layer, spy):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_probe_agrees_with_the_layers_vllm_builds(vllm_config, spy):
+def test_probe_agrees_with_the_layers_vllm_builds(cpu_vllm_config, spy):
     """The stand-down probe's verdict matches what vLLM really builds for a FusedMoE layer: a
     weight-only layer differs from a W4A4 one (other class or activation-free path) exactly
     when the probe says vLLM handles weight-only checkpoints."""
     handled, reason = moe_fix.vllm_handles_weight_only_nvfp4()
     assert isinstance(reason, str) and reason
-    wo = make_layer(vllm_config, weight_only=True).quant_method
-    full = make_layer(vllm_config, weight_only=False).quant_method
+    wo = make_layer(weight_only=True).quant_method
+    full = make_layer(weight_only=False).quant_method
     differs = type(wo) is not type(full) or getattr(wo, "use_a16", False) != getattr(
         full, "use_a16", False
     )
@@ -246,7 +240,7 @@ def test_probe_agrees_with_the_layers_vllm_builds(vllm_config, spy):
 @pytest.mark.skipif(
     not vllm.__version__.startswith("0.33."), reason="documents vLLM 0.33.x behaviour"
 )
-def test_vllm_0_33_routes_weight_only_checkpoints_to_w4a16(vllm_config, spy):
+def test_vllm_0_33_routes_weight_only_checkpoints_to_w4a16(cpu_vllm_config, spy):
     """vLLM 0.33: input_activations=null -> quant_algo W4A16_NVFP4 -> ModelOptNvFp4FusedMoE with
     use_a16=True (no activation scales used). The fix therefore stands down on 0.33."""
     handled, reason = moe_fix.vllm_handles_weight_only_nvfp4()
@@ -254,11 +248,11 @@ def test_vllm_0_33_routes_weight_only_checkpoints_to_w4a16(vllm_config, spy):
     assert "W4A16_NVFP4" in reason
     assert quant_config(weight_only=True).quant_method == "W4A16_NVFP4"
     assert quant_config(weight_only=False).quant_method == "NVFP4"
-    assert make_layer(vllm_config, weight_only=True).quant_method.use_a16 is True
-    assert make_layer(vllm_config, weight_only=False).quant_method.use_a16 is False
+    assert make_layer(weight_only=True).quant_method.use_a16 is True
+    assert make_layer(weight_only=False).quant_method.use_a16 is False
 
 
-def test_register_stands_down_once_and_changes_nothing(vllm_config, spy, fix_log, monkeypatch):
+def test_register_stands_down_once_and_changes_nothing(cpu_vllm_config, spy, fix_log, monkeypatch):
     handled, _ = moe_fix.vllm_handles_weight_only_nvfp4()
     if not handled:  # an older vLLM: make the probe say "handled" to reach the path
         monkeypatch.setattr(
@@ -274,7 +268,7 @@ def test_register_stands_down_once_and_changes_nothing(vllm_config, spy, fix_log
     assert moe_fix.ENV_VAR in stand_down[0]
 
     # Nothing is marked or filled: the scales a checkpoint provides reach vLLM as loaded.
-    layer = make_layer(vllm_config)
+    layer = make_layer()
     assert not (bits(layer.w13_input_scale) == SENT).any()
     provided = {(e, p): 0.01 * (e + 1) for e in range(E) for p in PROJ}
     load(layer, random_checkpoint(0, provided))
@@ -371,9 +365,9 @@ def test_plugin_is_inert_without_the_variable(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_sentinel_is_written_at_creation(vllm_config, spy):
+def test_sentinel_is_written_at_creation(cpu_vllm_config, spy):
     moe_fix.install_hooks("1.0")
-    layer = make_layer(vllm_config)
+    layer = make_layer()
     assert layer.w13_input_scale.shape == (E, 2) and layer.w2_input_scale.shape == (E,)
     assert (bits(layer.w13_input_scale) == SENT).all()
     assert (bits(layer.w2_input_scale) == SENT).all()
@@ -382,9 +376,9 @@ def test_sentinel_is_written_at_creation(vllm_config, spy):
     assert not (bits(layer.w13_weight_scale_2) == SENT).all()
 
 
-def test_fill_when_checkpoint_has_no_input_scales(vllm_config, spy, fix_log):
+def test_fill_when_checkpoint_has_no_input_scales(cpu_vllm_config, spy, fix_log):
     moe_fix.install_hooks("0.75")
-    layer = make_layer(vllm_config)
+    layer = make_layer()
     load(layer, random_checkpoint(1, input_scales=None))
     assert (bits(layer.w13_input_scale) == SENT).all()  # the loader never wrote them
     seen = process(layer, spy)
@@ -399,7 +393,7 @@ def test_fill_when_checkpoint_has_no_input_scales(vllm_config, spy, fix_log):
     assert PREFIX in warnings[0] and "24 of 24" in warnings[0] and "0.75" in warnings[0]
 
 
-def test_provided_scales_are_kept_bit_for_bit(vllm_config, spy, fix_log):
+def test_provided_scales_are_kept_bit_for_bit(cpu_vllm_config, spy, fix_log):
     """Every scale comes from the checkpoint, including values a guess-from-values heuristic
     would 'repair' (0.0, a denormal, a plain NaN): all reach vLLM unchanged."""
     moe_fix.install_hooks("1.0")
@@ -408,7 +402,7 @@ def test_provided_scales_are_kept_bit_for_bit(vllm_config, spy, fix_log):
     for e in range(E):
         for i, proj in enumerate(PROJ):
             provided[(e, proj)] = odd[(e + 3 * i) % len(odd)]
-    layer = make_layer(vllm_config)
+    layer = make_layer()
     load(layer, random_checkpoint(2, provided))
     seen = process(layer, spy)
     w13, w2 = expected_scales(provided, fill=-1.0)
@@ -419,7 +413,7 @@ def test_provided_scales_are_kept_bit_for_bit(vllm_config, spy, fix_log):
     assert any("nothing was filled" in m for m in fix_log.messages())
 
 
-def test_some_experts_missing(vllm_config, spy, fix_log):
+def test_some_experts_missing(cpu_vllm_config, spy, fix_log):
     """Per expert and per shard: gate/up/down scales present for different expert subsets."""
     moe_fix.install_hooks("1.0")
     g = torch.Generator().manual_seed(3)
@@ -433,7 +427,7 @@ def test_some_experts_missing(vllm_config, spy, fix_log):
         for p, experts in have.items()
         for e in experts
     }
-    layer = make_layer(vllm_config)
+    layer = make_layer()
     load(layer, random_checkpoint(3, provided))
     seen = process(layer, spy)
     w13, w2 = expected_scales(provided, fill=1.0)
@@ -450,10 +444,10 @@ def test_some_experts_missing(vllm_config, spy, fix_log):
     assert "12 of 24" in warning and "w13_input_scale 8/16" in warning
 
 
-def test_one_summary_per_model_listing_the_filled_layers(vllm_config, spy, fix_log):
+def test_one_summary_per_model_listing_the_filled_layers(cpu_vllm_config, spy, fix_log):
     moe_fix.install_hooks("1.0")
     names = [f"model.layers.{i}.mlp.experts" for i in (1, 2, 3)]
-    layers = [make_layer(vllm_config, prefix=n) for n in names]
+    layers = [make_layer(prefix=n) for n in names]
     everything = {(e, p): 0.02 for e in range(E) for p in PROJ}
     load(layers[0], random_checkpoint(4, everything))  # complete
     load(layers[1], random_checkpoint(5, None))  # none
@@ -472,11 +466,11 @@ def test_one_summary_per_model_listing_the_filled_layers(vllm_config, spy, fix_l
     assert "47 of 72" in warning and "2 of 3 MoE layers" in warning
 
 
-def test_weight_only_layer_is_left_alone_when_vllm_routes_it_itself(vllm_config, spy):
+def test_weight_only_layer_is_left_alone_when_vllm_routes_it_itself(cpu_vllm_config, spy):
     """Even with the hooks forced on, a layer whose method does not read activation scales
     (vLLM 0.33: use_a16) is not marked and not counted."""
     moe_fix.install_hooks("1.0")
-    layer = make_layer(vllm_config, weight_only=True)
+    layer = make_layer(weight_only=True)
     # vLLM's own attribute, not the function under test, says what to expect.
     method = layer.quant_method
     reads = not (getattr(method, "use_a16", False) or getattr(method, "per_token_activation", False))
@@ -485,9 +479,9 @@ def test_weight_only_layer_is_left_alone_when_vllm_routes_it_itself(vllm_config,
     assert (layer in moe_fix._STATE.marked) is reads
 
 
-def test_unfilled_scale_without_a_value_is_an_error_naming_the_layer(vllm_config, spy):
+def test_unfilled_scale_without_a_value_is_an_error_naming_the_layer(cpu_vllm_config, spy):
     moe_fix.install_hooks("1.0")
-    layer = make_layer(vllm_config)
+    layer = make_layer()
     load(layer, random_checkpoint(7, {(e, "gate_proj"): 0.5 for e in range(E)}))
     with pytest.raises(RuntimeError) as info:
         moe_fix.fill_missing_input_scales(layer, None)
@@ -501,11 +495,11 @@ def test_unfilled_scale_without_a_value_is_an_error_naming_the_layer(vllm_config
         moe_fix.fill_missing_input_scales(layer, 0.0)
 
 
-def test_unfilled_scale_error_in_the_hook(vllm_config, spy):
+def test_unfilled_scale_error_in_the_hook(cpu_vllm_config, spy):
     """If the value is gone by the time vLLM post-processes the layer, loading fails there
     (naming the layer) instead of handing vLLM a NaN/garbage scale."""
     moe_fix.install_hooks("1.0")
-    layer = make_layer(vllm_config)
+    layer = make_layer()
     load(layer, random_checkpoint(8, None))
     moe_fix._STATE.value = None
     with pytest.raises(RuntimeError, match=PREFIX):
@@ -608,7 +602,7 @@ def rel_err(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def test_numerics_zero_output_when_unfilled_and_nvfp4_accuracy_when_filled(vllm_config, spy):
+def test_numerics_zero_output_when_unfilled_and_nvfp4_accuracy_when_filled(cpu_vllm_config, spy):
     """E=8 experts, top-2, hidden 256, intermediate 128, 64 tokens.
 
     - Unfilled scale 0.0 (what torch.empty returned on a GB10): alpha = weight_scale_2 * 0 = 0,
@@ -656,7 +650,7 @@ def test_numerics_zero_output_when_unfilled_and_nvfp4_accuracy_when_filled(vllm_
     assert ref.float().norm() > 0
 
     # Without the fix: the never-loaded scales hold what the allocator returned; on a GB10, 0.0.
-    plain = make_layer(vllm_config)
+    plain = make_layer()
     plain.w13_input_scale.data.zero_()
     plain.w2_input_scale.data.zero_()
     load(plain, ckpt)
@@ -666,7 +660,7 @@ def test_numerics_zero_output_when_unfilled_and_nvfp4_accuracy_when_filled(vllm_
 
     # With the fix (the hooks are what register installs on a vLLM that needs them).
     moe_fix.install_hooks("1.0")
-    fixed = make_layer(vllm_config)
+    fixed = make_layer()
     load(fixed, ckpt)
     filled = process(fixed, spy)
     assert torch.equal(filled["a13_scale"], torch.ones(E, 2))

@@ -269,9 +269,8 @@ def test_case_inputs_are_the_same_in_every_process():
     """A case draws the same inputs whatever the process's str-hash salt (so a failing verify
     case can be re-run), and a different Case.seed draws different ones."""
     case = cases.Case(head_size=512, num_heads=2, topk=64, num_tokens=2, masking="random")
-    script = ("from vllm_sparse_mla_blackwell import cases;"
-              "c = cases.Case(head_size=512, num_heads=2, topk=64, num_tokens=2, masking='random');"
-              "i = cases.make_inputs(c, 'cpu');"
+    script = ("from vllm_sparse_mla_blackwell import cases; from vllm_sparse_mla_blackwell.cases import Case;"
+              f"c = {case!r}; i = cases.make_inputs(c, 'cpu');"
               "print(cases.case_seed(c), float(i.q.double().sum()), int(i.indices.long().sum()))")
     # The subprocesses import the same copy of the package as this one.
     path = os.pathsep.join([os.path.dirname(os.path.dirname(cases.__file__)), os.environ.get("PYTHONPATH", "")])

@@ -37,11 +37,10 @@ struct SparseMlaFwdTraits {
   static constexpr bool kQConvert = !std::is_same_v<QElement, Element>;
   static constexpr bool kQSplit = kMmaBf16 && kQConvert;
   static constexpr bool kPSplit = kMmaBf16;
+  // fp8_ds_mla folds its per-row scales into P. P is fp16 there, where a small scale would push
+  // it into the subnormals, so each warp divides its P copy by a power of two near the tile's
+  // largest scale and multiplies the accumulator back (both exact).
   static constexpr bool kDsMla = kFormat == KvFormat::kFp8DsMla;
-  // fp8_ds_mla folds its per-row scales into P. In fp16 a small scale would push P into the
-  // subnormals, so each warp divides its P copy by a power of two near the tile's largest
-  // scale and multiplies the accumulator back (both exact).
-  static constexpr bool kDsNormalize = kDsMla && !kMmaBf16;
 
   // One block: one query token, kHeadGroups x 16 heads, a range of KV tiles of kBlockN rows.
   // Warp (g, w) of head group g (16 heads = the M of m16n8k16):

@@ -345,10 +345,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       }
       l_run = l_run * alpha + psum;  // this thread's 4 columns; summed over the 8 at the end
       m_run = m_new;
-      // P for the MMA: fp8_ds_mla folds each row's scale for warp w's columns into P copy w
-      // (times 1 / norm[w], a power of two, when that copy is fp16).
+      // P for the MMA: fp8_ds_mla folds each row's scale for warp w's columns into P copy w,
+      // times 1 / norm[w] (a power of two, see kernel_traits.h).
       float inv_norm[kWpg] = {1.f, 1.f, 1.f, 1.f};
-      if constexpr (Traits::kDsNormalize) {
+      if constexpr (Traits::kDsMla) {
 #pragma unroll
         for (int w = 0; w < kWpg; ++w) {
           float smax = 0.f;
@@ -378,7 +378,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     {
       float alpha0 = sAlpha[grp * 16 + lane / 4], alpha1 = sAlpha[grp * 16 + lane / 4 + 8];
       float norm = 1.f;
-      if constexpr (Traits::kDsNormalize) {  // O = norm * (alpha / norm * O + P' V), exactly
+      if constexpr (Traits::kDsMla) {  // O = norm * (alpha / norm * O + P' V), exactly
         // The same norm as the softmax threads': lane r reads row r's scale of tile wq.
         float smax = sScale[lane * 4 + wq];
 #pragma unroll
@@ -416,7 +416,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           }
         }
       }
-      if constexpr (Traits::kDsNormalize) {
+      if constexpr (Traits::kDsMla) {
 #pragma unroll
         for (int n = 0; n < Traits::kDvPerWarp / 8; ++n)
 #pragma unroll

@@ -53,8 +53,6 @@ class CaseInputs:
     kv_rows: torch.Tensor    # fp32 dequantised rows [num_rows, D], NaN where unreferenced
 
 
-
-
 def case_seed(case: Case) -> int:
     """The generator seed of a case's inputs: a CRC-32 of its repr, so the same case draws the
     same inputs in every process (Python's str hash is salted per process); ``Case.seed`` gives a

@@ -70,7 +70,7 @@ def case_groups(quick: bool, kv_dtypes: tuple[str, ...]) -> dict[str, list[Case]
 
 
 def run_case(case: Case, device: torch.device) -> CaseResult:
-    """One matrix case: fresh inputs (``cases.make_inputs``), the op, the fp32 comparison."""
+    """One matrix case: its inputs (``cases.make_inputs``), the op, the fp32 comparison."""
     inputs = cases.make_inputs(case, device)
     lse = torch.full(inputs.out.shape[:2], float("nan"), dtype=torch.float32, device=device)
     out, lse = ops.sparse_mla_fwd(
