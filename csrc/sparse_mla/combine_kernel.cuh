@@ -12,56 +12,101 @@
 
 namespace sparse_mla {
 
-constexpr int kCombineThreads = kHeadSizeV / 4;  // one float4 of out per thread
+// One block per (token, head): thread (group g, column chunk c) sums float4 c of out over the
+// splits g, g + G, ... (G = kSplitGroups), and the G partial sums meet in shared memory. Every
+// warp reduces the split lse values itself (L1 serves the repeated reads), so the first round of
+// partial loads is issued before that reduction and nothing waits on a barrier until the end.
+// G = 4 for launches of few (token, head) rows and many splits (decode: T = 1 with 32-34
+// splits became a few dependent L2 round trips instead of one per 16 splits); G = 1, small
+// blocks with few registers, when the rows alone fill the GPU (launch_template.cuh).
+constexpr int kCombineColumnThreads = kHeadSizeV / 4;  // one float4 of out each
 
-// One block per (token, head). The split weights are computed once into shared memory; each
-// thread then sums its 4 columns over the splits with the loads unrolled, so that many reads of
-// the (L2-resident) partials are in flight instead of one chain of dependent ones.
-template <typename Element>
-__global__ void __launch_bounds__(kCombineThreads)
+template <int kSplitGroups>
+struct CombineConfig {
+  static constexpr int kThreads = kCombineColumnThreads * kSplitGroups;
+  static constexpr int kLoadsInFlight = kSplitGroups > 1 ? 16 : 4;  // splits per thread per round
+  // G = 1: at least 10 blocks per SM, so that a T = 64, H = 16 launch (1024 rows) is one wave.
+  static constexpr int kMinBlocksPerSm = kSplitGroups > 1 ? 1 : 10;
+  static constexpr int kSplitsPerRound = kSplitGroups * kLoadsInFlight;
+};
+
+template <typename Element, int kSplitGroups>
+__global__ void __launch_bounds__(CombineConfig<kSplitGroups>::kThreads, CombineConfig<kSplitGroups>::kMinBlocksPerSm)
     sparse_mla_combine_kernel(const SparseMlaFwdParams p) {
-  extern __shared__ float s_weight[];  // [num_splits]
+  constexpr int kCombineSplitGroups = kSplitGroups;
+  constexpr int kCombineLoadsInFlight = CombineConfig<kSplitGroups>::kLoadsInFlight;
+  __shared__ float4 s_acc[kSplitGroups > 1 ? kSplitGroups - 1 : 1][kCombineColumnThreads];
   const int64_t row = blockIdx.x;
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.num_heads;
   const int t = static_cast<int>(row / p.num_heads);
   const int h = static_cast<int>(row % p.num_heads);
   const int tid = threadIdx.x;
+  const int lane = tid % 32;
+  const int col = tid % kCombineColumnThreads;
+  const int group = tid / kCombineColumnThreads;
+  const float* lse_of = p.partial_lse + row;  // split s: lse_of[s * rows]
+  const float4* out_of = reinterpret_cast<const float4*>(p.partial_out + row * kHeadSizeV) + col;  // [s * rows * 128]
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent (launch_template.cuh): wait for the forward kernel's
   // completion and the visibility of its partial results.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  if (tid < 32) {
-    float lse_max = -INFINITY;
-    for (int s = tid; s < p.num_splits; s += 32) lse_max = fmaxf(lse_max, p.partial_lse[s * rows + row]);
+  float4 v[kCombineLoadsInFlight];
+  float v_lse[kCombineLoadsInFlight];
+  auto load_round = [&](int first) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) lse_max = fmaxf(lse_max, __shfl_xor_sync(~0u, lse_max, o));
-    float sum = 0.f;
-    if (lse_max != -INFINITY)
-      for (int s = tid; s < p.num_splits; s += 32) sum += expf(p.partial_lse[s * rows + row] - lse_max);
+    for (int k = 0; k < kCombineLoadsInFlight; ++k) {
+      const int s = first + k * kCombineSplitGroups;
+      const bool in = s < p.num_splits;
+      v[k] = in ? out_of[s * rows * kCombineColumnThreads] : make_float4(0.f, 0.f, 0.f, 0.f);
+      v_lse[k] = in ? lse_of[s * rows] : -INFINITY;
+    }
+  };
+  load_round(group);
+
+  float lse_max = -INFINITY;
+  for (int s = lane; s < p.num_splits; s += 32) lse_max = fmaxf(lse_max, lse_of[s * rows]);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(~0u, sum, o);
-    const float lse = lse_max == -INFINITY ? -INFINITY : lse_max + logf(sum);
-    for (int s = tid; s < p.num_splits; s += 32)
-      s_weight[s] = lse == -INFINITY ? 0.f : expf(p.partial_lse[s * rows + row] - lse);  // 0 for an empty split
-    if (tid == 0) p.lse[static_cast<int64_t>(t) * p.lse_stride_t + static_cast<int64_t>(h) * p.lse_stride_h] = lse;
-  }
-  __syncthreads();
+  for (int o = 16; o > 0; o >>= 1) lse_max = fmaxf(lse_max, __shfl_xor_sync(~0u, lse_max, o));
+  float sum = 0.f;
+  if (lse_max != -INFINITY)
+    for (int s = lane; s < p.num_splits; s += 32) sum += expf(lse_of[s * rows] - lse_max);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(~0u, sum, o);
+  const float lse = lse_max == -INFINITY ? -INFINITY : lse_max + logf(sum);
+  if (tid == 0) p.lse[static_cast<int64_t>(t) * p.lse_stride_t + static_cast<int64_t>(h) * p.lse_stride_h] = lse;
+
+  // An empty split's partial is finite (zeros) with lse -inf: weight 0.
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  // An empty split's partial is finite (zeros), so it can be read and weighted by 0.
-  const float4* src = reinterpret_cast<const float4*>(p.partial_out + row * kHeadSizeV) + tid;
-#pragma unroll 16
-  for (int s = 0; s < p.num_splits; ++s) {
-    const float w = s_weight[s];
-    const float4 v = src[s * rows * (kHeadSizeV / 4)];
-    acc.x += w * v.x;
-    acc.y += w * v.y;
-    acc.z += w * v.z;
-    acc.w += w * v.w;
+  for (int first = group;;) {
+#pragma unroll
+    for (int k = 0; k < kCombineLoadsInFlight; ++k) {
+      const float w = lse == -INFINITY ? 0.f : expf(v_lse[k] - lse);
+      acc.x += w * v[k].x;
+      acc.y += w * v[k].y;
+      acc.z += w * v[k].z;
+      acc.w += w * v[k].w;
+    }
+    first += kCombineSplitGroups * kCombineLoadsInFlight;
+    if (first >= p.num_splits) break;
+    load_round(first);
+  }
+  if constexpr (kSplitGroups > 1) {
+    if (group > 0) s_acc[group - 1][col] = acc;
+    __syncthreads();
+    if (group > 0) return;
+#pragma unroll
+    for (int g = 0; g < kSplitGroups - 1; ++g) {
+      const float4 a = s_acc[g][col];
+      acc.x += a.x;
+      acc.y += a.y;
+      acc.z += a.z;
+      acc.w += a.w;
+    }
   }
   Element* out = static_cast<Element*>(p.out) + static_cast<int64_t>(t) * p.out_stride_t +
                  static_cast<int64_t>(h) * p.out_stride_h;
-  *reinterpret_cast<uint2*>(out + 4 * tid) = make_uint2(pack2<Element>(acc.x, acc.y), pack2<Element>(acc.z, acc.w));
+  *reinterpret_cast<uint2*>(out + 4 * col) = make_uint2(pack2<Element>(acc.x, acc.y), pack2<Element>(acc.z, acc.w));
 }
 
 }  // namespace sparse_mla

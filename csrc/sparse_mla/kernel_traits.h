@@ -92,7 +92,8 @@ struct SparseMlaFwdTraits {
   static constexpr int kSmemStatsOffset = kSmemPOffset + kHeadGroups * kPBuffers * kSmemPBufferElems * 2;
   static constexpr int kSmemValidOffset = kSmemStatsOffset + 2 * kBlockH * 4;  // alpha, l
   static constexpr int kSmemScaleOffset = kSmemValidOffset + kStages * kBlockN * 4;  // fp8_ds_mla
-  static constexpr int kSmemBytes = kSmemScaleOffset + (kDsMla ? kBlockN * 4 * 4 : 0);
+  static constexpr int kSmemScalePOffset = kSmemScaleOffset + (kDsMla ? kBlockN * 4 * 4 : 0);  // / norm, per group
+  static constexpr int kSmemBytes = kSmemScalePOffset + (kDsMla ? kHeadGroups * kBlockN * 4 * 4 : 0);
 
   static_assert(kSmemBytes <= kSmemBudgetBytes,
                 "a kernel instantiation exceeds the 101,376-byte shared-memory ceiling");

@@ -106,6 +106,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   float* sL = sAlpha + kBlockH;
   int* sValid = reinterpret_cast<int*>(smem + Traits::kSmemValidOffset);
   float* sScale = reinterpret_cast<float*>(smem + Traits::kSmemScaleOffset);  // [kBlockN][4]
+  float* sScaleP = reinterpret_cast<float*>(smem + Traits::kSmemScalePOffset);  // [g][kBlockN][4]
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -155,15 +156,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   // fp8 register path: the tile in flight. Issued first so its latency overlaps the Q loads.
   using Loader = std::conditional_t<Traits::kDirectCopy, int, Fp8RowLoader<Traits>>;
   Loader loader;
-  int32_t next_row[kGatherRows];  // the thread's rows of the next tile to issue
+  auto load_rows = [&](int tile, int32_t(&rows)[kGatherRows]) {
 #pragma unroll
-  for (int i = 0; i < kGatherRows; ++i) next_row[i] = num_tiles > 0 ? row_index(0, i) : -1;
-  // Issue the gather of `tile` into `stage` (cp.async) or into registers.
-  auto issue_tile = [&](int tile, int stage) {
+    for (int i = 0; i < kGatherRows; ++i) rows[i] = tile < num_tiles ? row_index(tile, i) : -1;
+  };
+  int32_t next_row[kGatherRows];  // the thread's rows of the next tile to issue
+  load_rows(0, next_row);
+  // Issue the gather of `tile` (rows `rows`) into `stage` (cp.async) or into registers.
+  auto issue_rows = [&](const int32_t(&rows)[kGatherRows], int tile, int stage) {
 #pragma unroll
     for (int i = 0; i < kGatherRows; ++i) {
-      const int32_t r = next_row[i];
-      next_row[i] = tile + 1 < num_tiles ? row_index(tile + 1, i) : -1;
+      const int32_t r = rows[i];
       const bool valid = tile < num_tiles && valid_row(r);
       const uint8_t* row = p.kv + (valid ? static_cast<int64_t>(r) : 0) * p.kv_row_stride;
       if constexpr (Traits::kDirectCopy) {
@@ -177,6 +180,11 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       }
     }
   };
+  // ... from next_row, which then takes the rows of tile + 1.
+  auto issue_tile = [&](int tile, int stage) {
+    issue_rows(next_row, tile, stage);
+    load_rows(tile + 1, next_row);
+  };
   auto store_tile = [&]() {  // fp8 path: decode the tile held in registers into stage 0
     if constexpr (!Traits::kDirectCopy) {
       loader.store(sKV + g_row * kPitch, sScale + g_row * 4, g_sub);
@@ -185,11 +193,14 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   };
   if constexpr (Traits::kDirectCopy) {
     static_assert(kStages == 2, "the tile loop below is written for two stages");
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      issue_tile(s, s);
-      cp_async_commit();
-    }
+    // Both tiles' indices are loaded before either tile is issued: one index latency, not two.
+    int32_t second_row[kGatherRows];
+    load_rows(1, second_row);
+    issue_rows(next_row, 0, 0);
+    cp_async_commit();
+    issue_rows(second_row, 1, 1);
+    cp_async_commit();
+    load_rows(2, next_row);
   } else {
     issue_tile(0, 0);
   }
@@ -250,6 +261,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   const int sm_k = (tid % 8) * 4;
   float m_run = -INFINITY, l_run = 0.f;
 
+  // fp8_ds_mla: the power-of-two norm of this warp's P copy for the current tile, and the
+  // previous tile's, by which acc_o is still divided (folded into the next rescale).
+  float ds_norm = 1.f, ds_norm_prev = 1.f;
+
   float acc_o[Traits::kDvPerWarp / 8][4];
 #pragma unroll
   for (int n = 0; n < Traits::kDvPerWarp / 8; ++n) acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.f;
@@ -295,6 +310,18 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         }
       }
       float* s_out = sS + warp * Traits::kSmemSPartElems + (lane / 4) * Traits::kSPitch + (lane % 4) * 2;
+      if constexpr (Traits::kDsMla) {
+        // The norm of P copy wq (see kernel_traits.h), computed once per tile by the warp that
+        // uses it: lane r holds row r's scale of tile wq. The softmax threads read the scales
+        // already divided by it.
+        const float sc = sScale[lane * 4 + wq];
+        float smax = sc;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) smax = fmaxf(smax, __shfl_xor_sync(~0u, smax, o));
+        ds_norm_prev = ds_norm;
+        ds_norm = ds_scale_norm(smax);
+        sScaleP[(grp * kBlockN + lane) * 4 + wq] = sc * pow2_reciprocal(ds_norm);
+      }
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         if constexpr (Traits::kDsMla) {
@@ -345,26 +372,23 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       }
       l_run = l_run * alpha + psum;  // this thread's 4 columns; summed over the 8 at the end
       m_run = m_new;
-      // P for the MMA: fp8_ds_mla folds each row's scale for warp w's columns into P copy w,
-      // times 1 / norm[w] (a power of two, see kernel_traits.h).
-      float inv_norm[kWpg] = {1.f, 1.f, 1.f, 1.f};
+      // P for the MMA: fp8_ds_mla folds each row's scale for warp w's columns, divided by that
+      // warp's norm (S phase above), into P copy w.
+      float4 row_scale[4];
       if constexpr (Traits::kDsMla) {
 #pragma unroll
-        for (int w = 0; w < kWpg; ++w) {
-          float smax = 0.f;
-#pragma unroll
-          for (int i = 0; i < 4; ++i) smax = fmaxf(smax, sScale[(sm_k + i) * 4 + w]);
-#pragma unroll
-          for (int o = 1; o < 8; o <<= 1) smax = fmaxf(smax, __shfl_xor_sync(~0u, smax, o));
-          inv_norm[w] = pow2_reciprocal(ds_scale_norm(smax));
-        }
+        for (int i = 0; i < 4; ++i)
+          row_scale[i] = *reinterpret_cast<const float4*>(sScaleP + (sm_g * kBlockN + sm_k + i) * 4);
       }
       Element* p_row = sP + sm_g * Traits::kPBuffers * Traits::kSmemPBufferElems + (sm_h % 16) * Traits::kPPitch + sm_k;
 #pragma unroll
       for (int w = 0; w < (Traits::kDsMla ? kWpg : 1); ++w) {
         float q4[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) q4[i] = Traits::kDsMla ? pr[i] * sScale[(sm_k + i) * 4 + w] * inv_norm[w] : pr[i];
+        for (int i = 0; i < 4; ++i) {
+          if constexpr (Traits::kDsMla) q4[i] = pr[i] * reinterpret_cast<const float*>(&row_scale[i])[w];
+          else q4[i] = pr[i];
+        }
         Element* hi = p_row + (w * kPParts) * Traits::kSmemPBufferElems;
         Element* lo = hi + Traits::kSmemPBufferElems;
         store_split2<Element, Traits::kPSplit>(hi, lo, q4[0], q4[1]);
@@ -377,16 +401,12 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     // 3. O = alpha * O + P V for this warp's 128 columns.
     {
       float alpha0 = sAlpha[grp * 16 + lane / 4], alpha1 = sAlpha[grp * 16 + lane / 4 + 8];
-      float norm = 1.f;
-      if constexpr (Traits::kDsMla) {  // O = norm * (alpha / norm * O + P' V), exactly
-        // The same norm as the softmax threads': lane r reads row r's scale of tile wq.
-        float smax = sScale[lane * 4 + wq];
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) smax = fmaxf(smax, __shfl_xor_sync(~0u, smax, o));
-        norm = ds_scale_norm(smax);
-        const float inv = pow2_reciprocal(norm);
-        alpha0 *= inv;
-        alpha1 *= inv;
+      if constexpr (Traits::kDsMla) {
+        // acc_o holds O / norm of the last tile: O / norm = alpha * (norm_prev / norm) * acc_o
+        // + P' V, exactly (powers of two); the epilogue multiplies the last norm back.
+        const float ratio = ds_norm_prev * pow2_reciprocal(ds_norm);
+        alpha0 *= ratio;
+        alpha1 *= ratio;
       }
 #pragma unroll
       for (int n = 0; n < Traits::kDvPerWarp / 8; ++n) {
@@ -415,12 +435,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
             mma_16816<Element>(acc_o[2 * n2 + 1], a[part], b[2], b[3]);
           }
         }
-      }
-      if constexpr (Traits::kDsMla) {
-#pragma unroll
-        for (int n = 0; n < Traits::kDvPerWarp / 8; ++n)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc_o[n][i] *= norm;
       }
     }
   }
@@ -454,7 +468,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const int h = h0 + r;
     if (h >= p.num_heads) continue;
     const float l = sL[r];
-    const float inv = l > 0.f ? tensor_scale / l : 0.f;
+    const float inv = l > 0.f ? tensor_scale * ds_norm / l : 0.f;
     const int col0 = wq * Traits::kDvPerWarp + (lane % 4) * 2;
     if (p.num_splits == 1) {
       QElement* out = static_cast<QElement*>(p.out) + t * p.out_stride_t + static_cast<int64_t>(h) * p.out_stride_h;
