@@ -43,6 +43,24 @@ def test_strided_q_and_out(layout, kv):
                            torch.device("cuda")))
 
 
+@pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3", "fp8_ds_mla"])
+@pytest.mark.parametrize("num_tokens", [1, 64])
+@pytest.mark.parametrize("head_size", [512, 576])
+def test_tiles_of_different_magnitudes(kv, num_tokens, head_size):
+    """Most cache rows 2^-12 smaller than the rest, so consecutive KV tiles differ by up to 12
+    octaves: fp8_ds_mla's power-of-two P norm changes from tile to tile (the accumulator is
+    rescaled by norm_prev / norm), and small fp8_e4m3 values become subnormal or zero."""
+    _check(verify.run_case(Case(head_size=head_size, num_heads=32, topk=2048, num_tokens=num_tokens,
+                                kv_cache_dtype=kv, row_spread=12), torch.device("cuda")))
+
+
+@pytest.mark.parametrize("num_heads", [16, 128])
+def test_decode_combine_of_more_than_64_splits(num_heads):
+    """T = 1, topk 4352 (136 tiles): 68 splits, so the decode combine (four thread groups, 64
+    splits a round, combine_kernel.cuh) takes a second round of loads."""
+    _check(verify.run_case(Case(head_size=576, num_heads=num_heads, topk=4352, num_tokens=1), torch.device("cuda")))
+
+
 @pytest.mark.parametrize("head_size", [512, 576])
 def test_cuda_graph_replay_with_padded_rows(head_size):
     _check(verify.run_graph_case(head_size, torch.device("cuda")))

@@ -66,6 +66,20 @@ def test_cpu_op_equals_reference(kv_cache_dtype, layout):
     assert result.max_rel_err < 4e-3 and result.max_lse_err < 1e-5
 
 
+def test_row_spread_rescales_cache_rows_only():
+    base = cases.Case(head_size=576, num_heads=4, topk=64, num_tokens=3, block_size=16)
+    spread = dataclasses.replace(base, row_spread=12)
+    a, b = cases.make_inputs(base, "cpu"), cases.make_inputs(spread, "cpu")
+    assert torch.equal(a.q, b.q) and torch.equal(a.indices, b.indices)
+    referenced = a.kv_rows[:, 0].isfinite()
+    ratio = b.kv_rows[referenced] / a.kv_rows[referenced]  # bf16 rows: powers of two scale exactly
+    per_row = ratio[:, 0]
+    assert torch.all((ratio == per_row[:, None]) | a.kv_rows[referenced].eq(0))
+    assert set(per_row.unique().tolist()) <= {1.0, 2.0**-12}
+    assert 0.85 < (per_row == 2.0**-12).float().mean().item() < 1.0
+    assert "spread2^-12" in spread.label()
+
+
 def _good_args(T=3, H=4, D=576, topk=8):
     return dict(
         q=torch.randn(T, H, D, dtype=torch.bfloat16),
@@ -256,6 +270,17 @@ def test_bench_command_line_narrows_the_shapes(monkeypatch):
                         ("--kv", ""), ("--kv", ","), ("--models", " ")):
         with pytest.raises(SystemExit):
             cli.main(["bench", option, bad])
+
+
+def test_command_line_output_in_a_log_is_not_cut_to_80_columns():
+    """Redirected output (a file, a CI log) keeps whole lines: rich would wrap at 80 columns."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the no-GPU message, on any machine
+    r = subprocess.run([sys.executable, "-m", "vllm_sparse_mla_blackwell", "verify"], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 3, r.stdout + r.stderr
+    first = r.stdout.splitlines()[0]
+    assert len(first) > 80 and "none is visible" in first and first.rstrip().endswith("Exit 3."), r.stdout
 
 
 def test_bench_refuses_unknown_names_before_looking_for_a_gpu():

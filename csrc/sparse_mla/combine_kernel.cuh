@@ -27,14 +27,12 @@ struct CombineConfig {
   static constexpr int kLoadsInFlight = kSplitGroups > 1 ? 16 : 4;  // splits per thread per round
   // G = 1: at least 10 blocks per SM, so that a T = 64, H = 16 launch (1024 rows) is one wave.
   static constexpr int kMinBlocksPerSm = kSplitGroups > 1 ? 1 : 10;
-  static constexpr int kSplitsPerRound = kSplitGroups * kLoadsInFlight;
 };
 
 template <typename Element, int kSplitGroups>
 __global__ void __launch_bounds__(CombineConfig<kSplitGroups>::kThreads, CombineConfig<kSplitGroups>::kMinBlocksPerSm)
     sparse_mla_combine_kernel(const SparseMlaFwdParams p) {
-  constexpr int kCombineSplitGroups = kSplitGroups;
-  constexpr int kCombineLoadsInFlight = CombineConfig<kSplitGroups>::kLoadsInFlight;
+  constexpr int kLoads = CombineConfig<kSplitGroups>::kLoadsInFlight;
   __shared__ float4 s_acc[kSplitGroups > 1 ? kSplitGroups - 1 : 1][kCombineColumnThreads];
   const int64_t row = blockIdx.x;
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.num_heads;
@@ -51,12 +49,12 @@ __global__ void __launch_bounds__(CombineConfig<kSplitGroups>::kThreads, Combine
   // completion and the visibility of its partial results.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  float4 v[kCombineLoadsInFlight];
-  float v_lse[kCombineLoadsInFlight];
+  float4 v[kLoads];
+  float v_lse[kLoads];
   auto load_round = [&](int first) {
 #pragma unroll
-    for (int k = 0; k < kCombineLoadsInFlight; ++k) {
-      const int s = first + k * kCombineSplitGroups;
+    for (int k = 0; k < kLoads; ++k) {
+      const int s = first + k * kSplitGroups;
       const bool in = s < p.num_splits;
       v[k] = in ? out_of[s * rows * kCombineColumnThreads] : make_float4(0.f, 0.f, 0.f, 0.f);
       v_lse[k] = in ? lse_of[s * rows] : -INFINITY;
@@ -80,14 +78,14 @@ __global__ void __launch_bounds__(CombineConfig<kSplitGroups>::kThreads, Combine
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int first = group;;) {
 #pragma unroll
-    for (int k = 0; k < kCombineLoadsInFlight; ++k) {
+    for (int k = 0; k < kLoads; ++k) {
       const float w = lse == -INFINITY ? 0.f : expf(v_lse[k] - lse);
       acc.x += w * v[k].x;
       acc.y += w * v[k].y;
       acc.z += w * v[k].z;
       acc.w += w * v[k].w;
     }
-    first += kCombineSplitGroups * kCombineLoadsInFlight;
+    first += kSplitGroups * kLoads;
     if (first >= p.num_splits) break;
     load_round(first);
   }

@@ -33,11 +33,15 @@ class Case:
     sm_scale: float = SM_SCALES[0]
     index_width: int = 0  # indices buffer wider than topk when > topk (vLLM's 2176 buffers)
     seed: int = 0
+    # > 0: 95 % of the cache rows scaled by 2^-row_spread, so KV tiles differ in magnitude by
+    # that many octaves (fp8_ds_mla's per-tile P norms, fp8 subnormals). Left out of the repr,
+    # hence of the seed: the same draws as row_spread=0, rescaled.
+    row_spread: int = dataclasses.field(default=0, repr=False)
 
     def label(self) -> str:
         return (f"D{self.head_size} H{self.num_heads} topk{self.topk} T{self.num_tokens} "
                 f"{self.q_dtype}/{self.kv_cache_dtype} {self.masking} bs{self.block_size} "
-                f"{self.layout} s{self.sm_scale:.4g}")
+                f"{self.layout} s{self.sm_scale:.4g}" + (f" spread2^-{self.row_spread}" if self.row_spread else ""))
 
 
 @dataclasses.dataclass
@@ -105,6 +109,12 @@ def make_inputs(case: Case, device: torch.device | str) -> CaseInputs:
     # Cache: random rows, then NaN in every row no valid index refers to.
     kv_c = torch.randn(num_rows, formats.KV_LORA_RANK, generator=gen)
     k_pe = torch.randn(num_rows, D - formats.KV_LORA_RANK, generator=gen) if D > formats.KV_LORA_RANK else None
+    if case.row_spread:
+        spread_gen = torch.Generator(device="cpu").manual_seed(case_seed(case) + 1)  # the draws above unchanged
+        small = torch.rand(num_rows, generator=spread_gen) >= 0.05
+        factor = torch.where(small, 2.0 ** -case.row_spread, 1.0)[:, None]
+        kv_c = kv_c * factor
+        k_pe = None if k_pe is None else k_pe * factor
     valid = reference.valid_index_mask(indices, num_rows, topk, topk_len)
     referenced = torch.zeros(num_rows, dtype=torch.bool)
     referenced[indices[:, :topk][valid].long()] = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -26,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="GLM-5.3-Flash and/or DeepSeek-V3.2 (default both)")
     b.add_argument("--no-naive", action="store_true", help="skip the naive PyTorch baseline")
     args = parser.parse_args(argv)
+    if not sys.stdout.isatty():
+        # Redirected to a file or a CI log: rich would cut the tables to 80 columns.
+        os.environ.setdefault("COLUMNS", "200")
     if args.command == "verify":
         from vllm_sparse_mla_blackwell import verify
 
