@@ -54,10 +54,11 @@ def test_tiles_of_different_magnitudes(kv, num_tokens, head_size):
                                 kv_cache_dtype=kv, row_spread=12), torch.device("cuda")))
 
 
-@pytest.mark.parametrize("num_heads", [16, 128])
+@pytest.mark.parametrize("num_heads", [8, 16])
 def test_decode_combine_of_more_than_64_splits(num_heads):
-    """T = 1, topk 4352 (136 tiles): 68 splits, so the decode combine (four thread groups, 64
-    splits a round, combine_kernel.cuh) takes a second round of loads."""
+    """T = 1, topk 4352 (136 tiles): on the H200 (132 SMs) the planner makes 68 splits, so the
+    decode combine (four thread groups, 64 splits a round, combine_kernel.cuh) takes a second
+    round of loads."""
     _check(verify.run_case(Case(head_size=576, num_heads=num_heads, topk=4352, num_tokens=1), torch.device("cuda")))
 
 

@@ -236,6 +236,11 @@ SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int num_sms, int6
   return best;
 }
 
+int combine_split_groups(int num_tokens, int num_heads, int num_splits, int num_sms) {
+  if (num_splits <= 1) return 1;
+  return static_cast<int64_t>(num_tokens) * num_heads <= num_sms ? kCombineDecodeSplitGroups : 1;
+}
+
 int64_t workspace_size(int num_sms) {
   // A split launch has at most kMaxSplitBlocksPerSm * num_sms blocks of at most kMaxBlockH heads.
   return static_cast<int64_t>(kMaxSplitBlocksPerSm) * num_sms * kMaxBlockH * (kHeadSizeV + 1) * 4;
@@ -379,6 +384,7 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
       plan_splits(p.num_tokens, p.num_heads, p.topk, num_sms, workspace_bytes, blocks_per_sm_here);
   p.num_splits = split.num_splits;
   p.tiles_per_split = split.tiles_per_split;
+  p.combine_split_groups = combine_split_groups(p.num_tokens, p.num_heads, p.num_splits, num_sms);
   if (p.num_splits > 1) {
     float* ws = static_cast<float*>(const_cast<void*>(a.workspace.data));
     p.partial_out = ws;

@@ -89,6 +89,11 @@ constexpr double kCombineBytesPerTile = 64.0 * 1024;
 constexpr double kCoResidentTileTime = 0.7;
 constexpr int kCoResidentMinTiles = 8;
 
+// Layout of the combine pass of a split launch (params.h combine_split_groups):
+// kCombineDecodeSplitGroups thread groups over the splits when the num_tokens x num_heads rows
+// leave SMs idle (decode), else one group (combine_kernel.cuh; bench/NOTES.md v10).
+int combine_split_groups(int num_tokens, int num_heads, int num_splits, int num_sms);
+
 // Workspace bytes that cover every split plan on a device with num_sms SMs.
 int64_t workspace_size(int num_sms);
 

@@ -16,9 +16,10 @@ namespace sparse_mla {
 // splits g, g + G, ... (G = kSplitGroups), and the G partial sums meet in shared memory. Every
 // warp reduces the split lse values itself (L1 serves the repeated reads), so the first round of
 // partial loads is issued before that reduction and nothing waits on a barrier until the end.
-// G = 4 for launches of few (token, head) rows and many splits (decode: T = 1 with 32-34
-// splits became a few dependent L2 round trips instead of one per 16 splits); G = 1, small
-// blocks with few registers, when the rows alone fill the GPU (launch_template.cuh).
+// G = 4 when the (token, head) rows leave SMs idle (decode: T = 1 with 32-34 splits became a
+// few dependent L2 round trips instead of one per 16 splits); G = 1, small blocks with few
+// registers, when the rows alone fill the GPU (T = 64, H = 16: 1024 rows, where one 512-thread
+// block per SM ran 1.4x slower). The planner picks G (api.cpp combine_split_groups).
 constexpr int kCombineColumnThreads = kHeadSizeV / 4;  // one float4 of out each
 
 template <int kSplitGroups>

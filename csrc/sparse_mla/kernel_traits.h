@@ -39,7 +39,8 @@ struct SparseMlaFwdTraits {
   static constexpr bool kPSplit = kMmaBf16;
   // fp8_ds_mla folds its per-row scales into P. P is fp16 there, where a small scale would push
   // it into the subnormals, so each warp divides its P copy by a power of two near the tile's
-  // largest scale and multiplies the accumulator back (both exact).
+  // largest scale; the accumulator is multiplied back in the next tile's rescale and in the
+  // epilogue (both exact).
   static constexpr bool kDsMla = kFormat == KvFormat::kFp8DsMla;
 
   // One block: one query token, kHeadGroups x 16 heads, a range of KV tiles of kBlockN rows.

@@ -39,14 +39,6 @@ inline bool device_has_programmatic_launch() {
          }) >= 9;
 }
 
-inline int device_sm_count() {
-  static int sms_of[kMaxCachedDevices] = {};
-  return cached_per_device(sms_of, 1, [](int device) {
-    int sms = 0;
-    return cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess ? sms : 0;
-  });
-}
-
 template <typename Traits>
 cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream) {
   constexpr int kSmem = Traits::kSmemBytes;
@@ -63,14 +55,13 @@ cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream)
   // The combine pass is launched as a programmatic dependent of the forward kernel where the GPU
   // has it (sm_90+): its blocks are scheduled while the forward kernel drains and wait in
   // griddepcontrol.wait for its results, which hides one launch latency (a few us at decode).
-  // Four thread groups over the splits while the (token, head) rows leave SMs idle (decode);
-  // one when the rows fill the GPU: the 512-thread blocks' 128 registers hold one per SM, and
-  // at T = 64, H = 16 (1024 rows) they ran 1.4x slower than the whole launch of 128-thread ones.
-  const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.num_heads;
-  const bool wide = rows <= device_sm_count();
+  // Its layout was planned (api.cpp combine_split_groups): four thread groups over the splits
+  // at decode, one when the (token, head) rows fill the GPU.
+  constexpr int kWide = kCombineDecodeSplitGroups;
+  const bool wide = p.combine_split_groups == kWide;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(rows));
-  config.blockDim = dim3(wide ? CombineConfig<4>::kThreads : CombineConfig<1>::kThreads);
+  config.gridDim = dim3(static_cast<unsigned>(static_cast<int64_t>(p.num_tokens) * p.num_heads));
+  config.blockDim = dim3(wide ? CombineConfig<kWide>::kThreads : CombineConfig<1>::kThreads);
   config.stream = stream;
   cudaLaunchAttribute attribute;
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -79,7 +70,7 @@ cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream)
   config.attrs = pdl ? &attribute : nullptr;
   config.numAttrs = pdl ? 1 : 0;
   using QElement = typename Traits::QElement;
-  return wide ? cudaLaunchKernelEx(&config, sparse_mla_combine_kernel<QElement, 4>, p)
+  return wide ? cudaLaunchKernelEx(&config, sparse_mla_combine_kernel<QElement, kWide>, p)
               : cudaLaunchKernelEx(&config, sparse_mla_combine_kernel<QElement, 1>, p);
 }
 

@@ -43,6 +43,11 @@ struct SparseMlaFwdParams {
   int tiles_per_split;     // KV tiles of kBlockN rows per split
   float* partial_out;      // [num_splits, T, H, 512] fp32, normalised by the split's sum
   float* partial_lse;      // [num_splits, T, H] fp32, natural log; -inf for an empty split
+  // Threads of a combine block that split the splits between them: kCombineDecodeSplitGroups
+  // or 1 (plan_sparse_mla_fwd; combine_kernel.cuh). Read by the launch, not by the kernels.
+  int combine_split_groups;
 };
+
+constexpr int kCombineDecodeSplitGroups = 4;
 
 }  // namespace sparse_mla

@@ -269,8 +269,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 #pragma unroll
   for (int n = 0; n < Traits::kDvPerWarp / 8; ++n) acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.f;
 
-  // Per tile: barrier (tile landed; every warp is past the previous tile, so its stage, sS and
-  // sP are free), S, barrier, softmax, barrier, P V. One tile is in flight while one is computed.
+  // Per tile: barrier (tile landed; every warp is past the previous tile, so its stage, sS, sP
+  // and sScaleP are free), S, barrier, softmax, barrier, P V. One tile is in flight while one is
+  // computed.
   for (int it = 0; it < num_tiles; ++it) {
     const int stage = it % kStages;
     if constexpr (Traits::kDirectCopy) {
@@ -403,7 +404,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       float alpha0 = sAlpha[grp * 16 + lane / 4], alpha1 = sAlpha[grp * 16 + lane / 4 + 8];
       if constexpr (Traits::kDsMla) {
         // acc_o holds O / norm of the last tile: O / norm = alpha * (norm_prev / norm) * acc_o
-        // + P' V, exactly (powers of two); the epilogue multiplies the last norm back.
+        // + P' V, exactly (powers of two); the epilogue multiplies the last norm back. The
+        // ratio stays finite while consecutive tiles' largest scales are < 2^128 apart (cache
+        // values of |x| < 2^60 and > 2^-60, or zero, always are).
         const float ratio = ds_norm_prev * pow2_reciprocal(ds_norm);
         alpha0 *= ratio;
         alpha1 *= ratio;

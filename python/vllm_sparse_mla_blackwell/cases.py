@@ -34,9 +34,9 @@ class Case:
     index_width: int = 0  # indices buffer wider than topk when > topk (vLLM's 2176 buffers)
     seed: int = 0
     # > 0: 95 % of the cache rows scaled by 2^-row_spread, so KV tiles differ in magnitude by
-    # that many octaves (fp8_ds_mla's per-tile P norms, fp8 subnormals). Left out of the repr,
-    # hence of the seed: the same draws as row_spread=0, rescaled.
-    row_spread: int = dataclasses.field(default=0, repr=False)
+    # that many octaves (fp8_ds_mla's per-tile P norms; small fp8_e4m3 values go to zero). Not
+    # part of the seed: the same draws as row_spread=0, rescaled.
+    row_spread: int = 0
 
     def label(self) -> str:
         return (f"D{self.head_size} H{self.num_heads} topk{self.topk} T{self.num_tokens} "
@@ -58,10 +58,12 @@ class CaseInputs:
 
 
 def case_seed(case: Case) -> int:
-    """The generator seed of a case's inputs: a CRC-32 of its repr, so the same case draws the
-    same inputs in every process (Python's str hash is salted per process); ``Case.seed`` gives a
-    fresh draw."""
-    return zlib.crc32(repr(case).encode()) & 0x7FFFFFFF
+    """The generator seed of a case's inputs: a CRC-32 of its repr without ``row_spread`` (the
+    dataclass repr of every other field, as before that field existed), so the same case draws
+    the same inputs in every process (Python's str hash is salted per process); ``Case.seed``
+    gives a fresh draw."""
+    fields = ", ".join(f"{f.name}={getattr(case, f.name)!r}" for f in dataclasses.fields(case) if f.name != "row_spread")
+    return zlib.crc32(f"{type(case).__qualname__}({fields})".encode()) & 0x7FFFFFFF
 
 
 def make_inputs(case: Case, device: torch.device | str) -> CaseInputs:

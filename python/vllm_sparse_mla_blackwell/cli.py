@@ -27,9 +27,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="GLM-5.3-Flash and/or DeepSeek-V3.2 (default both)")
     b.add_argument("--no-naive", action="store_true", help="skip the naive PyTorch baseline")
     args = parser.parse_args(argv)
-    if not sys.stdout.isatty():
-        # Redirected to a file or a CI log: rich would cut the tables to 80 columns.
-        os.environ.setdefault("COLUMNS", "200")
+    if sys.stdout.isatty() or "COLUMNS" in os.environ:
+        return _run(args)
+    os.environ["COLUMNS"] = "200"  # redirected to a file or a CI log: rich would cut tables to 80 columns
+    try:
+        return _run(args)
+    finally:
+        del os.environ["COLUMNS"]
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "verify":
         from vllm_sparse_mla_blackwell import verify
 

@@ -194,6 +194,24 @@ TEST(SplitPlan, OutsideTheAdmittedDomainNothingSplits) {
   EXPECT_EQ(plan_splits(1, 16, 2147483647, 132, ws).tiles_per_split, 67108864);  // covers every tile
 }
 
+TEST(SplitPlan, CombineUsesFourThreadGroupsOnlyAtDecode) {
+  // T x H rows that leave SMs idle: four groups over the splits; rows that fill the GPU, or no
+  // split (no combine pass), one.
+  EXPECT_EQ(combine_split_groups(1, 16, 32, 132), kCombineDecodeSplitGroups);
+  EXPECT_EQ(combine_split_groups(1, 128, 32, 132), kCombineDecodeSplitGroups);
+  EXPECT_EQ(combine_split_groups(8, 16, 16, 128), kCombineDecodeSplitGroups);  // 128 rows on 128 SMs
+  EXPECT_EQ(combine_split_groups(64, 16, 4, 132), 1);
+  EXPECT_EQ(combine_split_groups(4, 64, 16, 132), 1);
+  EXPECT_EQ(combine_split_groups(1, 16, 1, 132), 1);
+  // The launch plan carries it: 4 decode tokens x 16 heads split, 64 x 16 too but fill the GPU.
+  const SparseMlaFwdParams decode = plan_sparse_mla_fwd(good_args(4), true, 132).params;
+  EXPECT_GT(decode.num_splits, 1);
+  EXPECT_EQ(decode.combine_split_groups, kCombineDecodeSplitGroups);
+  const SparseMlaFwdParams wide = plan_sparse_mla_fwd(good_args(64), true, 132).params;
+  EXPECT_GT(wide.num_splits, 1);
+  EXPECT_EQ(wide.combine_split_groups, 1);
+}
+
 TEST(SplitPlan, WorkspaceCoversEveryPlan) {
   for (int sms : {20, 48, 84, 132, 188}) {
     const int64_t ws = workspace_size(sms);
