@@ -36,7 +36,7 @@ def main() -> None:
         ma, mb = statistics.median(a[key]), statistics.median(b[key])
         ratios[kv].append(ma / mb)
         runs = " ".join(f"{x:.1f}" for x in a[key] + b[key])
-        print(f"{model[:12]:12s} H{heads:<4d} T{tokens:<6d} {kv:10s} A {ma:9.1f}  B {mb:9.1f}  A/B {ma / mb:.3f}  ({runs})")
+        print(f"{model:14s} H{heads:<4d} T{tokens:<6d} {kv:10s} A {ma:9.1f}  B {mb:9.1f}  A/B {ma / mb:.3f}  ({runs})")
     for kv, r in ratios.items():
         print(f"{kv}: A/B {min(r):.3f} .. {max(r):.3f} over {len(r)} shapes")
 

@@ -281,13 +281,17 @@ def test_bench_command_line_narrows_the_shapes(monkeypatch):
             cli.main(["bench", option, bad])
 
 
+def _checkout_env(**extra: str) -> dict[str, str]:
+    """This process's environment plus ``extra``, with PYTHONPATH leading to the copy of the
+    package this process imported (a subprocess must test the same code)."""
+    root = os.path.dirname(os.path.dirname(cases.__file__))
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]), **extra}
+
+
 def test_command_line_output_in_a_log_is_not_cut_to_80_columns():
     """Redirected output (a file, a CI log) keeps whole lines: rich would wrap at 80 columns."""
-    from vllm_sparse_mla_blackwell import cli
-
-    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    env["CUDA_VISIBLE_DEVICES"] = ""  # the no-GPU message, on any machine
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(cli.__file__)), env.get("PYTHONPATH", "")])
+    env = _checkout_env(CUDA_VISIBLE_DEVICES="")  # the no-GPU message, on any machine
+    env.pop("COLUMNS", None)
     r = subprocess.run([sys.executable, "-m", "vllm_sparse_mla_blackwell", "verify"], capture_output=True, text=True,
                        env=env, timeout=300)
     assert r.returncode == 3, r.stdout + r.stderr
@@ -309,10 +313,8 @@ def test_case_inputs_are_the_same_in_every_process():
     script = ("from vllm_sparse_mla_blackwell import cases; from vllm_sparse_mla_blackwell.cases import Case;"
               f"c = {case!r}; i = cases.make_inputs(c, 'cpu');"
               "print(cases.case_seed(c), float(i.q.double().sum()), int(i.indices.long().sum()))")
-    # The subprocesses import the same copy of the package as this one.
-    path = os.pathsep.join([os.path.dirname(os.path.dirname(cases.__file__)), os.environ.get("PYTHONPATH", "")])
     outs = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                           env={**os.environ, "PYTHONHASHSEED": salt, "PYTHONPATH": path}).stdout.strip()
+                           env=_checkout_env(PYTHONHASHSEED=salt)).stdout.strip()
             for salt in ("1", "2")}
     assert len(outs) == 1
     here = cases.make_inputs(case, "cpu")
