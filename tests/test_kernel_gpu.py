@@ -4,6 +4,10 @@ fp32 reference, SPEC §5 bars."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -60,6 +64,26 @@ def test_decode_combine_of_more_than_64_splits(num_heads):
     decode combine (four thread groups, 64 splits a round, combine_kernel.cuh) takes a second
     round of loads."""
     _check(verify.run_case(Case(head_size=576, num_heads=num_heads, topk=4352, num_tokens=1), torch.device("cuda")))
+
+
+def test_sm120_occupancy_emulation_launches_every_kernel_class():
+    """SPARSE_MLA_SM120_OCCUPANCY=1 (launch_template.cuh) makes each forward launch and the
+    planner's occupancy query ask for up to 2.28x the kernel's shared memory on an sm_90 (up to
+    226 KB): every kernel class (16/32 heads, D 512/576, 16-bit and both fp8 caches, split and
+    unsplit) must still launch within the device's limit and give right values. A fresh process,
+    since the setting is read once."""
+    script = (
+        "import sys, torch\n"
+        "from vllm_sparse_mla_blackwell import cases, verify\n"
+        "bad = [c.label() for kv in ('bf16', 'fp8_e4m3', 'fp8_ds_mla') for d in (512, 576) for h in (16, 32)\n"
+        "       for t in (1, 3) for c in [cases.Case(head_size=d, num_heads=h, topk=300, num_tokens=t,\n"
+        "                                            kv_cache_dtype=kv)]\n"
+        "       if not verify.run_case(c, torch.device('cuda')).passed]\n"
+        "print('failed:', bad)\n"
+        "sys.exit(1 if bad else 0)\n")
+    run = subprocess.run([sys.executable, "-c", script], env={**os.environ, "SPARSE_MLA_SM120_OCCUPANCY": "1"},
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
 
 
 @pytest.mark.parametrize("head_size", [512, 576])

@@ -25,9 +25,10 @@ constexpr int kCombineColumnThreads = kHeadSizeV / 4;  // one float4 of out each
 template <int kSplitGroups>
 struct CombineConfig {
   static constexpr int kThreads = kCombineColumnThreads * kSplitGroups;
-  static constexpr int kLoadsInFlight = kSplitGroups > 1 ? 16 : 4;  // splits per thread per round
-  // G = 1: at least 10 blocks per SM, so that a T = 64, H = 16 launch (1024 rows) is one wave.
-  static constexpr int kMinBlocksPerSm = kSplitGroups > 1 ? 1 : 10;
+  static constexpr int kLoadsInFlight = kSplitGroups > 1 ? 16 : 8;  // splits per thread per round
+  // G = 1: at least 8 blocks per SM (64 registers), so that a T = 64, H = 16 launch (1024 rows)
+  // is one wave on 128+ SMs.
+  static constexpr int kMinBlocksPerSm = kSplitGroups > 1 ? 1 : 8;
 };
 
 template <typename Element, int kSplitGroups>
@@ -50,15 +51,19 @@ __global__ void __launch_bounds__(CombineConfig<kSplitGroups>::kThreads, Combine
   // completion and the visibility of its partial results.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+  // The narrow layout (64 registers) re-reads each split's lse from L1 (this warp's reduction
+  // below read it) instead of holding it while the partials are in flight: with it held, eight
+  // loads in flight spilled.
+  constexpr bool kHoldLse = kSplitGroups > 1;
   float4 v[kLoads];
-  float v_lse[kLoads];
+  float v_lse[kHoldLse ? kLoads : 1];
   auto load_round = [&](int first) {
 #pragma unroll
     for (int k = 0; k < kLoads; ++k) {
       const int s = first + k * kSplitGroups;
       const bool in = s < p.num_splits;
       v[k] = in ? out_of[s * rows * kCombineColumnThreads] : make_float4(0.f, 0.f, 0.f, 0.f);
-      v_lse[k] = in ? lse_of[s * rows] : -INFINITY;
+      if constexpr (kHoldLse) v_lse[k] = in ? lse_of[s * rows] : -INFINITY;
     }
   };
   load_round(group);
@@ -80,7 +85,11 @@ __global__ void __launch_bounds__(CombineConfig<kSplitGroups>::kThreads, Combine
   for (int first = group;;) {
 #pragma unroll
     for (int k = 0; k < kLoads; ++k) {
-      const float w = lse == -INFINITY ? 0.f : expf(v_lse[k] - lse);
+      const int s = first + k * kSplitGroups;
+      float lse_s = -INFINITY;
+      if constexpr (kHoldLse) lse_s = v_lse[k];
+      else if (s < p.num_splits) lse_s = lse_of[s * rows];
+      const float w = lse == -INFINITY ? 0.f : expf(lse_s - lse);
       acc.x += w * v[k].x;
       acc.y += w * v[k].y;
       acc.z += w * v[k].z;

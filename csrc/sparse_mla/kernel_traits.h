@@ -70,10 +70,12 @@ struct SparseMlaFwdTraits {
 
   // 16-bit cache rows are copied straight into shared memory with cp.async (two stages in
   // flight); fp8 rows are loaded into registers one tile ahead and decoded on the way into
-  // shared memory.
+  // shared memory. 32-head fp8 blocks (one per SM anyway) decode into a second stage at the end
+  // of the tile before, where it fits the ceiling (not fp8_ds_mla at D = 576); 16-head ones
+  // into their one stage between two barriers of their own, which keeps two of them on an
+  // sm_120 SM (with two stages, one: 0.64-0.94x there, bench/NOTES.md v11).
   static constexpr bool kDirectCopy = kFormat == KvFormat::kBFloat16 || kFormat == KvFormat::kFloat16;
   static constexpr int kQParts = kQSplit ? 2 : 1;
-  static constexpr int kStages = kDirectCopy ? 2 : 1;
   static constexpr int kPParts = kPSplit ? 2 : 1;
   // P copies per head group: one per warp's column tile for fp8_ds_mla (its scales folded in).
   static constexpr int kPBuffers = (kDsMla ? kWarpsPerGroup : 1) * kPParts;
@@ -84,17 +86,25 @@ struct SparseMlaFwdTraits {
   static constexpr int kSPitch = kBlockN + 4;      // fp32 scores
   static constexpr int kPPitch = kBlockN + 8;      // probabilities, Element
 
-  static constexpr int kSmemKVOffset = 0;
   static constexpr int kSmemKVStageBytes = kBlockN * kSmemPitch * 2;
-  static constexpr int kSmemSOffset = kSmemKVOffset + kStages * kSmemKVStageBytes;  // [g][w][16][pitch]
   static constexpr int kSmemSPartElems = 16 * kSPitch;
-  static constexpr int kSmemPOffset = kSmemSOffset + kNumWarps * kSmemSPartElems * 4;
-  static constexpr int kSmemPBufferElems = 16 * kPPitch;  // [g][buffer][16][pitch]
+  static constexpr int kSmemPBufferElems = 16 * kPPitch;
+  // Shared memory per stage (tile, valid flags, fp8_ds_mla scales) and the rest.
+  static constexpr int kSmemPerStage = kSmemKVStageBytes + kBlockN * 4 + (kDsMla ? kBlockN * 4 * 4 : 0);
+  static constexpr int kSmemUnstaged = kNumWarps * kSmemSPartElems * 4 + kHeadGroups * kPBuffers * kSmemPBufferElems * 2 +
+                                       2 * kBlockH * 4 + (kDsMla ? kHeadGroups * kBlockN * 4 * 4 : 0);
+  static constexpr int kStages =
+      kDirectCopy || (kHeadGroups == 2 && kSmemUnstaged + 2 * kSmemPerStage <= kSmemBudgetBytes) ? 2 : 1;
+
+  static constexpr int kSmemKVOffset = 0;
+  static constexpr int kSmemSOffset = kSmemKVOffset + kStages * kSmemKVStageBytes;  // [g][w][16][pitch]
+  static constexpr int kSmemPOffset = kSmemSOffset + kNumWarps * kSmemSPartElems * 4;  // [g][buffer][16][pitch]
   static constexpr int kSmemStatsOffset = kSmemPOffset + kHeadGroups * kPBuffers * kSmemPBufferElems * 2;
   static constexpr int kSmemValidOffset = kSmemStatsOffset + 2 * kBlockH * 4;  // alpha, l
-  static constexpr int kSmemScaleOffset = kSmemValidOffset + kStages * kBlockN * 4;  // fp8_ds_mla
-  static constexpr int kSmemScalePOffset = kSmemScaleOffset + (kDsMla ? kBlockN * 4 * 4 : 0);  // / norm, per group
+  static constexpr int kSmemScaleOffset = kSmemValidOffset + kStages * kBlockN * 4;  // fp8_ds_mla [stage][row][4]
+  static constexpr int kSmemScalePOffset = kSmemScaleOffset + (kDsMla ? kStages * kBlockN * 4 * 4 : 0);  // / norm, per group
   static constexpr int kSmemBytes = kSmemScalePOffset + (kDsMla ? kHeadGroups * kBlockN * 4 * 4 : 0);
+  static_assert(kSmemBytes == kSmemUnstaged + kStages * kSmemPerStage);
 
   static_assert(kSmemBytes <= kSmemBudgetBytes,
                 "a kernel instantiation exceeds the 101,376-byte shared-memory ceiling");

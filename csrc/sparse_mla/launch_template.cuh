@@ -39,17 +39,38 @@ inline bool device_has_programmatic_launch() {
          }) >= 9;
 }
 
+// Dynamic shared memory of a forward launch: the kernel's own, or with SPARSE_MLA_SM120_OCCUPANCY=1
+// (a measuring aid) enough more that an SM with more shared memory than sm_120's 100 KB (sm_90:
+// 228 KB) holds as many blocks of it as an sm_120 SM would, 1 KB reserved per block on both. The
+// planner's occupancy query asks with the same size. Used to measure on a Hopper what a tile
+// configuration's occupancy costs on the consumer cards (bench/NOTES.md v11).
+inline int fwd_launch_smem_bytes(int smem) {
+  static const bool emulate = [] {
+    const char* v = std::getenv("SPARSE_MLA_SM120_OCCUPANCY");
+    return v != nullptr && v[0] == '1';
+  }();
+  if (!emulate) return smem;
+  constexpr int64_t kSm120SmemPerSm = 102400, kReservedPerBlock = 1024;
+  static int per_sm_of[kMaxCachedDevices] = {};
+  const int64_t per_sm = cached_per_device(per_sm_of, 0, [](int device) {
+    int bytes = 0;
+    return cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) == cudaSuccess ? bytes : 0;
+  });
+  if (per_sm <= kSm120SmemPerSm) return smem;
+  return static_cast<int>((smem + kReservedPerBlock) * per_sm / kSm120SmemPerSm - kReservedPerBlock);
+}
+
 template <typename Traits>
 cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream) {
-  constexpr int kSmem = Traits::kSmemBytes;
-  auto kernel = sparse_mla_fwd_kernel<Traits, kSmem>;
+  const int smem = fwd_launch_smem_bytes(Traits::kSmemBytes);
+  auto kernel = sparse_mla_fwd_kernel<Traits, Traits::kSmemBytes>;
   // Above 48 KB dynamic shared memory must be opted into, per device; the call is cheap, legal
   // during stream capture, and repeating it keeps multi-GPU processes simple.
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const int head_blocks = (p.num_heads + Traits::kBlockH - 1) / Traits::kBlockH;
   const dim3 grid(static_cast<unsigned>(p.num_tokens) * head_blocks, p.num_splits);
-  kernel<<<grid, Traits::kNumThreads, kSmem, stream>>>(p);
+  kernel<<<grid, Traits::kNumThreads, smem, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.num_splits == 1) return err;
   // The combine pass is launched as a programmatic dependent of the forward kernel where the GPU
@@ -78,11 +99,11 @@ template <typename Traits>
 int sparse_mla_fwd_blocks_per_sm() {
   static int blocks_of[kMaxCachedDevices] = {};
   return cached_per_device(blocks_of, 1, [](int) {
-    constexpr int kSmem = Traits::kSmemBytes;
-    auto kernel = sparse_mla_fwd_kernel<Traits, kSmem>;
+    const int smem = fwd_launch_smem_bytes(Traits::kSmemBytes);
+    auto kernel = sparse_mla_fwd_kernel<Traits, Traits::kSmemBytes>;
     int blocks = 0;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Traits::kNumThreads, kSmem) != cudaSuccess) {
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Traits::kNumThreads, smem) != cudaSuccess) {
       (void)cudaGetLastError();  // not sticky; planning falls back to one block per SM
       return 0;
     }

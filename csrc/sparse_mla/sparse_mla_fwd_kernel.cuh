@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   float* sAlpha = reinterpret_cast<float*>(smem + Traits::kSmemStatsOffset);
   float* sL = sAlpha + kBlockH;
   int* sValid = reinterpret_cast<int*>(smem + Traits::kSmemValidOffset);
-  float* sScale = reinterpret_cast<float*>(smem + Traits::kSmemScaleOffset);  // [kBlockN][4]
+  float* sScale = reinterpret_cast<float*>(smem + Traits::kSmemScaleOffset);  // [stage][kBlockN][4]
   float* sScaleP = reinterpret_cast<float*>(smem + Traits::kSmemScalePOffset);  // [g][kBlockN][4]
 
   const int tid = threadIdx.x;
@@ -187,10 +187,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     issue_rows(next_row, tile, stage);
     load_rows(tile + 1, next_row);
   };
-  auto store_tile = [&]() {  // fp8 path: decode the tile held in registers into stage 0
+  auto store_tile = [&](int stage) {  // fp8 path: decode the tile held in registers
     if constexpr (!Traits::kDirectCopy) {
-      loader.store(sKV + g_row * kPitch, sScale + g_row * 4, g_sub);
-      if (g_sub == 0) sValid[g_row] = loader.valid;
+      loader.store(sKV + stage * (kBlockN * kPitch) + g_row * kPitch, sScale + (stage * kBlockN + g_row) * 4, g_sub);
+      if (g_sub == 0) sValid[stage * kBlockN + g_row] = loader.valid;
     }
   };
   if constexpr (Traits::kDirectCopy) {
@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   const float score_scale = p.sm_scale_log2 * tensor_scale;
 
   if constexpr (!Traits::kDirectCopy) {
-    store_tile();
+    store_tile(0);
     issue_tile(1, 0);
   }
 
@@ -279,9 +279,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     if constexpr (Traits::kDirectCopy) {
       if (it == 0) cp_async_wait<1>();  // the prologue issued tiles 0 and 1
       else cp_async_wait<0>();
-    } else if (it > 0) {
+    } else if (kStages == 1 && it > 0) {
       __syncthreads();  // stage 0 is free
-      store_tile();
+      store_tile(0);
       issue_tile(it + 1, 0);
     }
     __syncthreads();
@@ -292,6 +292,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       }
     }
     const Element* sK = sKV + stage * (kBlockN * kPitch);
+    const float* sScaleK = sScale + stage * (kBlockN * 4);
 
     // 1. Partial S = Q K^T over this warp's k-steps, all 32 rows. fp8_ds_mla: the latent part is
     //    scaled per row by scale tile wq in fp32; the bf16 rope part has scale 1.
@@ -317,7 +318,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         // The norm of P copy wq (see kernel_traits.h), computed once per tile by the warp that
         // uses it: lane r holds row r's scale of tile wq. The softmax threads read the scales
         // already divided by it.
-        const float sc = sScale[lane * 4 + wq];
+        const float sc = sScaleK[lane * 4 + wq];
         float smax = sc;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) smax = fmaxf(smax, __shfl_xor_sync(~0u, smax, o));
@@ -329,7 +330,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       for (int nt = 0; nt < 4; ++nt) {
         if constexpr (Traits::kDsMla) {
           const int key = nt * 8 + (lane % 4) * 2;
-          const float sc0 = sScale[key * 4 + wq], sc1 = sScale[(key + 1) * 4 + wq];
+          const float sc0 = sScaleK[key * 4 + wq], sc1 = sScaleK[(key + 1) * 4 + wq];
           acc_s[nt][0] = sc0 * acc_s[nt][0] + acc_rope[nt][0];
           acc_s[nt][1] = sc1 * acc_s[nt][1] + acc_rope[nt][1];
           acc_s[nt][2] = sc0 * acc_s[nt][2] + acc_rope[nt][2];
@@ -440,6 +441,14 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
             mma_16816<Element>(acc_o[2 * n2 + 1], a[part], b[2], b[3]);
           }
         }
+      }
+    }
+    if constexpr (!Traits::kDirectCopy && kStages == 2) {
+      // fp8, two stages: tile it + 1 (loaded a tile ago) into the stage of tile it - 1, which
+      // every warp left before this tile's first barrier; the next one publishes it.
+      if (it + 1 < num_tiles) {
+        store_tile((it + 1) % kStages);
+        issue_tile(it + 2, 0);
       }
     }
   }

@@ -1,0 +1,53 @@
+// GoogleTest of the tile configuration (csrc/sparse_mla/kernel_traits.h): where fp8 tiles get a
+// second decoded stage, and what that leaves of sm_120's occupancy.
+#include <gtest/gtest.h>
+
+#include "kernel_traits.h"
+
+using namespace sparse_mla;
+
+namespace {
+
+// sm_120 / sm_121: 100 KB of shared memory per SM, 1 KB of it reserved per block.
+constexpr int kSm120SmemPerSm = 102400;
+constexpr int kReservedPerBlock = 1024;
+
+template <typename Traits>
+constexpr int sm120_blocks_by_smem() {
+  return kSm120SmemPerSm / (Traits::kSmemBytes + kReservedPerBlock);
+}
+
+template <typename QElement, KvFormat kFormat, int kHeadDim>
+void expect_stages(int stages_16_heads, int stages_32_heads) {
+  using Group1 = SparseMlaFwdTraits<QElement, kFormat, kHeadDim, 1>;
+  using Group2 = SparseMlaFwdTraits<QElement, kFormat, kHeadDim, 2>;
+  EXPECT_EQ(Group1::kStages, stages_16_heads) << "16 heads, D " << kHeadDim << ", format " << static_cast<int>(kFormat);
+  EXPECT_EQ(Group2::kStages, stages_32_heads) << "32 heads, D " << kHeadDim << ", format " << static_cast<int>(kFormat);
+  EXPECT_LE(Group1::kSmemBytes, kSmemBudgetBytes);
+  EXPECT_LE(Group2::kSmemBytes, kSmemBudgetBytes);
+  if constexpr (kFormat == KvFormat::kFp8E4m3 || kFormat == KvFormat::kFp8DsMla) {
+    // The 16-head fp8 kernels stay at one stage so that two blocks share an sm_120 SM (with two
+    // stages, one block: 0.64-0.94x, bench/NOTES.md v11); D = 576 fp8_ds_mla does not fit two.
+    const bool two_fit = !(kFormat == KvFormat::kFp8DsMla && kHeadDim == kHeadSizeRoPE);
+    EXPECT_EQ(sm120_blocks_by_smem<Group1>(), two_fit ? 2 : 1) << "D " << kHeadDim;
+  }
+}
+
+}  // namespace
+
+TEST(KernelTraits, SixteenBitCachesCopyTwoStages) {
+  expect_stages<__nv_bfloat16, KvFormat::kBFloat16, 512>(2, 2);
+  expect_stages<__nv_bfloat16, KvFormat::kBFloat16, 576>(2, 2);
+  expect_stages<__half, KvFormat::kFloat16, 512>(2, 2);
+  expect_stages<__half, KvFormat::kFloat16, 576>(2, 2);
+}
+
+TEST(KernelTraits, Fp8DecodesIntoASecondStageOnlyIn32HeadBlocksThatFitIt) {
+  expect_stages<__nv_bfloat16, KvFormat::kFp8E4m3, 512>(1, 2);
+  expect_stages<__half, KvFormat::kFp8E4m3, 576>(1, 2);
+  expect_stages<__half, KvFormat::kFp8DsMla, 512>(1, 2);
+  // 32-head fp8_ds_mla at D = 576 would need 105,984 bytes with two stages.
+  expect_stages<__nv_bfloat16, KvFormat::kFp8DsMla, 576>(1, 1);
+  using DsMla576 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 2>;
+  EXPECT_GT(DsMla576::kSmemUnstaged + 2 * DsMla576::kSmemPerStage, kSmemBudgetBytes);
+}
