@@ -17,6 +17,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def same_package_env():
+    """``env(**extra)``: this process's environment plus ``extra``, with PYTHONPATH leading first
+    to the copy of the package this process imported, so that a subprocess tests the same code."""
+    from vllm_sparse_mla_blackwell import ops
+
+    root = os.path.dirname(os.path.dirname(ops.__file__))
+
+    def env(**extra: str) -> dict[str, str]:
+        return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]), **extra}
+
+    return env
+
+
 @pytest.fixture(scope="module")
 def cpu_vllm_config():
     """A ``VllmConfig`` on the CPU, with a one-rank gloo world and TP = PP = 1 around it (vLLM's

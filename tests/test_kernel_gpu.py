@@ -4,7 +4,6 @@ fp32 reference, SPEC §5 bars."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -66,24 +65,47 @@ def test_decode_combine_of_more_than_64_splits(num_heads):
     _check(verify.run_case(Case(head_size=576, num_heads=num_heads, topk=4352, num_tokens=1), torch.device("cuda")))
 
 
-def test_sm120_occupancy_emulation_launches_every_kernel_class():
-    """SPARSE_MLA_SM120_OCCUPANCY=1 (launch_template.cuh) makes each forward launch and the
-    planner's occupancy query ask for up to 2.28x the kernel's shared memory on an sm_90 (up to
-    226 KB): every kernel class (16/32 heads, D 512/576, 16-bit and both fp8 caches, split and
-    unsplit) must still launch within the device's limit and give right values. A fresh process,
-    since the setting is read once."""
+def test_fwd_blocks_per_sm():
+    """The occupancy the split planner plans with, through its op: at least one block of every
+    configuration, and bad arguments refused by name."""
+    for dtype in (torch.bfloat16, torch.float16):
+        for kv in ("bfloat16", "float16", "fp8_e4m3", "fp8_ds_mla"):
+            for head_size in (512, 576):
+                for num_heads in (1, 16, 17, 128):
+                    assert ops.fwd_blocks_per_sm(dtype, kv, head_size, num_heads) >= 1
+    for args, message in (((torch.float32, "bfloat16", 576, 16), "dtype"), ((torch.bfloat16, "auto", 576, 16), "auto"),
+                          ((torch.bfloat16, "fp8_e5m2", 576, 16), "kv_cache_dtype"),
+                          ((torch.bfloat16, "bfloat16", 128, 16), "head_size"),
+                          ((torch.bfloat16, "bfloat16", 576, 129), "num_heads")):
+        with pytest.raises(ValueError, match=message):
+            ops.fwd_blocks_per_sm(*args)
+
+
+def test_sm120_occupancy_emulation(same_package_env):
+    """SPARSE_MLA_SM120_OCCUPANCY=1 (launch_template.cuh): the planner's occupancy becomes an
+    sm_120 SM's (the 16-head bf16 kernel of D = 576, 86,912 bytes, one block; the 16-head
+    fp8_e4m3 one of D = 512, 44,032 bytes, two), and every kernel class still launches, asking for
+    about 2.3x its shared memory on an sm_90 (at most 221 KB), and gives right values: bf16 and
+    both fp8 caches, 16 and 32 heads, D 512 and 576, unsplit (topk 32), split into blocks of two
+    tiles (T 1, topk 300) and blocks of many (T 64, topk 2048, where two-stage kernels reuse
+    their stages). A fresh process, since the setting is read once."""
+    normal = (ops.fwd_blocks_per_sm(torch.bfloat16, "bfloat16", 576, 16),
+              ops.fwd_blocks_per_sm(torch.float16, "fp8_e4m3", 512, 16))
     script = (
         "import sys, torch\n"
-        "from vllm_sparse_mla_blackwell import cases, verify\n"
+        "from vllm_sparse_mla_blackwell import cases, ops, verify\n"
+        "occupancy = (ops.fwd_blocks_per_sm(torch.bfloat16, 'bfloat16', 576, 16),\n"
+        "             ops.fwd_blocks_per_sm(torch.float16, 'fp8_e4m3', 512, 16))\n"
         "bad = [c.label() for kv in ('bf16', 'fp8_e4m3', 'fp8_ds_mla') for d in (512, 576) for h in (16, 32)\n"
-        "       for t in (1, 3) for c in [cases.Case(head_size=d, num_heads=h, topk=300, num_tokens=t,\n"
-        "                                            kv_cache_dtype=kv)]\n"
+        "       for t, k in ((3, 32), (1, 300), (64, 2048))\n"
+        "       for c in [cases.Case(head_size=d, num_heads=h, topk=k, num_tokens=t, kv_cache_dtype=kv)]\n"
         "       if not verify.run_case(c, torch.device('cuda')).passed]\n"
-        "print('failed:', bad)\n"
-        "sys.exit(1 if bad else 0)\n")
-    run = subprocess.run([sys.executable, "-c", script], env={**os.environ, "SPARSE_MLA_SM120_OCCUPANCY": "1"},
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+        "print('occupancy', occupancy, 'failed', bad)\n"
+        "sys.exit(0 if occupancy == (1, 2) and not bad else 1)\n")
+    run = subprocess.run([sys.executable, "-c", script], env=same_package_env(SPARSE_MLA_SM120_OCCUPANCY="1"),
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, f"without the setting {normal}; " + run.stdout[-2000:] + run.stderr[-3000:]
+    assert normal[0] >= 1 and normal[1] >= 2, normal  # never below an sm_120's
 
 
 @pytest.mark.parametrize("head_size", [512, 576])

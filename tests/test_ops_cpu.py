@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 import subprocess
 import sys
@@ -281,16 +280,9 @@ def test_bench_command_line_narrows_the_shapes(monkeypatch):
             cli.main(["bench", option, bad])
 
 
-def _checkout_env(**extra: str) -> dict[str, str]:
-    """This process's environment plus ``extra``, with PYTHONPATH leading to the copy of the
-    package this process imported (a subprocess must test the same code)."""
-    root = os.path.dirname(os.path.dirname(cases.__file__))
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]), **extra}
-
-
-def test_command_line_output_in_a_log_is_not_cut_to_80_columns():
+def test_command_line_output_in_a_log_is_not_cut_to_80_columns(same_package_env):
     """Redirected output (a file, a CI log) keeps whole lines: rich would wrap at 80 columns."""
-    env = _checkout_env(CUDA_VISIBLE_DEVICES="")  # the no-GPU message, on any machine
+    env = same_package_env(CUDA_VISIBLE_DEVICES="")  # the no-GPU message, on any machine
     env.pop("COLUMNS", None)
     r = subprocess.run([sys.executable, "-m", "vllm_sparse_mla_blackwell", "verify"], capture_output=True, text=True,
                        env=env, timeout=300)
@@ -306,7 +298,7 @@ def test_bench_refuses_unknown_names_before_looking_for_a_gpu():
     assert bench.main(models=("GLM-6",)) == 1
 
 
-def test_case_inputs_are_the_same_in_every_process():
+def test_case_inputs_are_the_same_in_every_process(same_package_env):
     """A case draws the same inputs whatever the process's str-hash salt (so a failing verify
     case can be re-run), and a different Case.seed draws different ones."""
     case = cases.Case(head_size=512, num_heads=2, topk=64, num_tokens=2, masking="random")
@@ -314,7 +306,7 @@ def test_case_inputs_are_the_same_in_every_process():
               f"c = {case!r}; i = cases.make_inputs(c, 'cpu');"
               "print(cases.case_seed(c), float(i.q.double().sum()), int(i.indices.long().sum()))")
     outs = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                           env=_checkout_env(PYTHONHASHSEED=salt)).stdout.strip()
+                           env=same_package_env(PYTHONHASHSEED=salt)).stdout.strip()
             for salt in ("1", "2")}
     assert len(outs) == 1
     here = cases.make_inputs(case, "cpu")

@@ -17,6 +17,10 @@ constexpr int kMaxNumHeads = 128;
 
 // Opt-in shared memory per block on sm_86 / sm_89 / sm_120 / sm_121, the smallest of the targets.
 constexpr int kSmemBudgetBytes = 101376;
+// Shared memory of one sm_120 / sm_121 SM, and what the driver reserves of it per resident block
+// (CUDA occupancy rules): blocks per SM by shared memory = 102,400 / (block's bytes + 1,024).
+constexpr int kSm120SmemPerSm = 102400;
+constexpr int kSmemReservedPerBlock = 1024;
 
 // vLLM's `fp8_ds_mla` record (csrc/cache_kernels.cu `concat_and_cache_ds_mla`,
 // vllm/v1/attention/backends/mla/flashmla_sparse.py): 512 e4m3 latent values, four fp32 scales

@@ -24,40 +24,45 @@ int cached_per_device(int (&cache)[kMaxCachedDevices], int fallback, Query&& que
   return cache[device] > 0 ? cache[device] : fallback;
 }
 
+// Whether environment variable `name` is set to 1.
+inline bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] == '1';
+}
+
+// The value of cudaDeviceGetAttribute(attribute) for the current device, cached (0 when the
+// query fails).
+template <cudaDeviceAttr kAttribute>
+int device_attribute() {
+  static int value_of[kMaxCachedDevices] = {};
+  return cached_per_device(value_of, 0, [](int device) {
+    int value = 0;
+    return cudaDeviceGetAttribute(&value, kAttribute, device) == cudaSuccess ? value : 0;
+  });
+}
+
 // Whether the current device runs programmatic dependent launches (compute capability >= 9.0),
 // unless SPARSE_MLA_DISABLE_PDL=1 is set (a plain second launch, for comparison or a driver
 // that mishandles them).
 inline bool device_has_programmatic_launch() {
-  static const bool disabled = [] {
-    const char* v = std::getenv("SPARSE_MLA_DISABLE_PDL");
-    return v != nullptr && v[0] == '1';
-  }();
-  static int major_of[kMaxCachedDevices] = {};
-  return !disabled && cached_per_device(major_of, 0, [](int device) {
-           int major = 0;
-           return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess ? major : 0;
-         }) >= 9;
+  static const bool disabled = env_flag("SPARSE_MLA_DISABLE_PDL");
+  return !disabled && device_attribute<cudaDevAttrComputeCapabilityMajor>() >= 9;
 }
 
-// Dynamic shared memory of a forward launch: the kernel's own, or with SPARSE_MLA_SM120_OCCUPANCY=1
-// (a measuring aid) enough more that an SM with more shared memory than sm_120's 100 KB (sm_90:
-// 228 KB) holds as many blocks of it as an sm_120 SM would, 1 KB reserved per block on both. The
-// planner's occupancy query asks with the same size. Used to measure on a Hopper what a tile
-// configuration's occupancy costs on the consumer cards (bench/NOTES.md v11).
+// Dynamic shared memory of a forward launch, in bytes: the kernel's own `smem`, or with
+// SPARSE_MLA_SM120_OCCUPANCY=1 (a measuring aid, read once) enough more that an SM with more
+// shared memory than sm_120's (sm_90: 228 KB) holds as many blocks of it as an sm_120 SM would,
+// the reserved 1 KB per block counted on both, and never more than a block may opt into. The
+// planner's occupancy query asks with the same size. Without the two device attributes, the
+// kernel's own size.
 inline int fwd_launch_smem_bytes(int smem) {
-  static const bool emulate = [] {
-    const char* v = std::getenv("SPARSE_MLA_SM120_OCCUPANCY");
-    return v != nullptr && v[0] == '1';
-  }();
+  static const bool emulate = env_flag("SPARSE_MLA_SM120_OCCUPANCY");
   if (!emulate) return smem;
-  constexpr int64_t kSm120SmemPerSm = 102400, kReservedPerBlock = 1024;
-  static int per_sm_of[kMaxCachedDevices] = {};
-  const int64_t per_sm = cached_per_device(per_sm_of, 0, [](int device) {
-    int bytes = 0;
-    return cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) == cudaSuccess ? bytes : 0;
-  });
-  if (per_sm <= kSm120SmemPerSm) return smem;
-  return static_cast<int>((smem + kReservedPerBlock) * per_sm / kSm120SmemPerSm - kReservedPerBlock);
+  const int64_t per_sm = device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>();
+  const int64_t per_block = device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>();
+  if (per_sm <= kSm120SmemPerSm || per_block < smem) return smem;
+  const int64_t inflated = (smem + kSmemReservedPerBlock) * per_sm / kSm120SmemPerSm - kSmemReservedPerBlock;
+  return static_cast<int>(inflated < per_block ? inflated : per_block);
 }
 
 template <typename Traits>

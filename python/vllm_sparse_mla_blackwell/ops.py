@@ -113,6 +113,25 @@ def unsupported_device_reason(capability: tuple[int, int]) -> str | None:
             f"{'a' if major >= 9 else ''}")
 
 
+def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, num_heads: int,
+                      device: torch.device | int | None = None) -> int:
+    """Blocks of the forward kernel one SM of ``device`` (default: the current CUDA device) holds
+    at once, as the CUDA occupancy calculator gives it for the kernel configuration of q/out
+    ``dtype`` (``torch.bfloat16`` or ``torch.float16``), ``kv_cache_dtype`` (``"bfloat16"``,
+    ``"float16"``, ``"fp8_e4m3"`` or ``"fp8_ds_mla"``; not ``"auto"``), ``head_size`` (512 or
+    576) and ``num_heads`` (1-16 run 16-head blocks, 17-128 32-head ones). The split planner
+    plans with this count. With ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the environment of the
+    process, the count an sm_120 SM would give (README). Raises ``ValueError`` for any other
+    value and ``RuntimeError`` without the op library."""
+    return int(_ops().fwd_blocks_per_sm(dtype, kv_cache_dtype, head_size, num_heads, _cuda_device(device)))
+
+
+def _cuda_device(device: torch.device | int | None) -> torch.device:
+    """``device`` as ``torch.device("cuda", index)``; ``None`` is the current CUDA device."""
+    return torch.device("cuda", torch.cuda.current_device() if device is None else
+                        (device if isinstance(device, int) else device.index or 0))
+
+
 _WORKSPACES: dict[int, torch.Tensor] = {}
 
 
@@ -123,8 +142,7 @@ def get_workspace(device: torch.device | int | None = None) -> torch.Tensor:
     the GPU (flash-decoding) and combines the partial results through this buffer. Its size
     depends only on the device, so a buffer made before CUDA-graph capture serves every batch.
     """
-    device = torch.device("cuda", torch.cuda.current_device() if device is None else
-                          (device if isinstance(device, int) else device.index or 0))
+    device = _cuda_device(device)
     ws = _WORKSPACES.get(device.index)
     if ws is None:
         num_sms = torch.cuda.get_device_properties(device).multi_processor_count

@@ -47,6 +47,9 @@ def case_groups(quick: bool, kv_dtypes: tuple[str, ...]) -> dict[str, list[Case]
     g["kv cache dtype"] = [
         Case(head_size=d, num_heads=16, topk=2048, num_tokens=64, q_dtype=qd, kv_cache_dtype=kv)
         for d in HEAD_SIZES for qd in ("bf16", "fp16") for kv in kv_dtypes
+    ] + [  # fp8 in 32-head blocks, which decode into two stages (kernel_traits.h)
+        Case(head_size=d, num_heads=64, topk=2048, num_tokens=64, kv_cache_dtype=kv)
+        for d in HEAD_SIZES for kv in kv_dtypes if kv in KV_FP8
     ]
     g["masking"] = [
         Case(head_size=d, num_heads=16, topk=512, num_tokens=64, masking=m) for d in HEAD_SIZES

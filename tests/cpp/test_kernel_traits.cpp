@@ -8,13 +8,9 @@ using namespace sparse_mla;
 
 namespace {
 
-// sm_120 / sm_121: 100 KB of shared memory per SM, 1 KB of it reserved per block.
-constexpr int kSm120SmemPerSm = 102400;
-constexpr int kReservedPerBlock = 1024;
-
 template <typename Traits>
 constexpr int sm120_blocks_by_smem() {
-  return kSm120SmemPerSm / (Traits::kSmemBytes + kReservedPerBlock);
+  return kSm120SmemPerSm / (Traits::kSmemBytes + kSmemReservedPerBlock);
 }
 
 template <typename QElement, KvFormat kFormat, int kHeadDim>
@@ -23,11 +19,10 @@ void expect_stages(int stages_16_heads, int stages_32_heads) {
   using Group2 = SparseMlaFwdTraits<QElement, kFormat, kHeadDim, 2>;
   EXPECT_EQ(Group1::kStages, stages_16_heads) << "16 heads, D " << kHeadDim << ", format " << static_cast<int>(kFormat);
   EXPECT_EQ(Group2::kStages, stages_32_heads) << "32 heads, D " << kHeadDim << ", format " << static_cast<int>(kFormat);
-  EXPECT_LE(Group1::kSmemBytes, kSmemBudgetBytes);
-  EXPECT_LE(Group2::kSmemBytes, kSmemBudgetBytes);
   if constexpr (kFormat == KvFormat::kFp8E4m3 || kFormat == KvFormat::kFp8DsMla) {
     // The 16-head fp8 kernels stay at one stage so that two blocks share an sm_120 SM (with two
-    // stages, one block: 0.64-0.94x, bench/NOTES.md v11); D = 576 fp8_ds_mla does not fit two.
+    // stages, one block: 0.64-0.96x, bench/NOTES.md v11); fp8_ds_mla at D = 576 gets one either
+    // way (and ran 0.91-0.94x with two stages).
     const bool two_fit = !(kFormat == KvFormat::kFp8DsMla && kHeadDim == kHeadSizeRoPE);
     EXPECT_EQ(sm120_blocks_by_smem<Group1>(), two_fit ? 2 : 1) << "D " << kHeadDim;
   }
