@@ -190,6 +190,21 @@ def test_cache_writer_skips_slots_outside_the_cache():
     assert (rows[0] == 1).all() and (rows[1:] == 7.0).all()
 
 
+@pytest.mark.parametrize("args, message", [
+    ((torch.float32, "bfloat16", 576, 16, 0), "dtype must be bfloat16 or float16"),
+    ((torch.bfloat16, "auto", 576, 16, 0), "'auto' needs a cache"),
+    ((torch.bfloat16, "fp8_e5m2", 576, 16, 0), "kv_cache_dtype must be one of"),
+    ((torch.bfloat16, "bfloat16", 128, 16, 0), "head_size must be 512 or 576, got 128"),
+    ((torch.bfloat16, "bfloat16", 576, 129, 0), r"num_heads must be in 1\.\.128, got 129"),
+    ((torch.bfloat16, "bfloat16", 576, 0, 0), "num_heads must be in"),
+    ((torch.bfloat16, "bfloat16", 576, 16, torch.device("cpu")), "device must be a CUDA device"),
+])
+def test_fwd_blocks_per_sm_names_the_bad_argument(args, message):
+    """Checked before any CUDA call, so on any machine."""
+    with pytest.raises(ValueError, match=message):
+        ops.fwd_blocks_per_sm(*args)
+
+
 def test_format_constants_agree_with_cpp():
     got = torch.ops.sparse_mla_bw.format_constants()
     assert got == [formats.KV_LORA_RANK, formats.QK_ROPE_HEAD_DIM, formats.HEAD_SIZE_V, formats.MAX_NUM_HEADS,

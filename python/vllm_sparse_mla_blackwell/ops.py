@@ -127,7 +127,10 @@ def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, n
 
 
 def _cuda_device(device: torch.device | int | None) -> torch.device:
-    """``device`` as ``torch.device("cuda", index)``; ``None`` is the current CUDA device."""
+    """``device`` as ``torch.device("cuda", index)``; ``None`` is the current CUDA device.
+    Raises ``ValueError`` for a device of another type."""
+    if isinstance(device, torch.device) and device.type != "cuda":
+        raise ValueError(f"device must be a CUDA device, got {device}")
     return torch.device("cuda", torch.cuda.current_device() if device is None else
                         (device if isinstance(device, int) else device.index or 0))
 
