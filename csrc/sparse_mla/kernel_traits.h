@@ -17,8 +17,9 @@ constexpr int kMaxHeadGroups = 2;
 constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 
 // QElement: q / out type. kFormat: cache row format. kHeadDim: D (512 or 576). kHeadGroups:
-// groups of 16 heads per block.
-template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_>
+// groups of 16 heads per block. kCopyStages: cp.async stages of a 16-bit cache (2; 1 only for
+// the 16-head variant that launch.h prefer_one_stage_kernel picks).
+template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2>
 struct SparseMlaFwdTraits {
   using QElement = QElement_;
   static constexpr KvFormat kFormat = kFormat_;
@@ -95,7 +96,12 @@ struct SparseMlaFwdTraits {
   static constexpr int kSmemUnstaged = kNumWarps * kSmemSPartElems * 4 + kHeadGroups * kPBuffers * kSmemPBufferElems * 2 +
                                        2 * kBlockH * 4 + (kDsMla ? kHeadGroups * kBlockN * 4 * 4 : 0);
   static constexpr int kStages =
-      kDirectCopy || (kHeadGroups == 2 && kSmemUnstaged + 2 * kSmemPerStage <= kSmemBudgetBytes) ? 2 : 1;
+      kDirectCopy ? kCopyStages_ : (kHeadGroups == 2 && kSmemUnstaged + 2 * kSmemPerStage <= kSmemBudgetBytes) ? 2 : 1;
+  static_assert(kCopyStages_ == 2 || (kCopyStages_ == 1 && kDirectCopy && kHeadGroups == 1));
+  // A 16-head 16-bit block of one stage (86.9 KB at D = 576 with two: one per sm_120 SM; 49.4 KB
+  // with one: two), whose gather is not prefetched but hides behind the other block's MMAs.
+  static constexpr bool kHasOneStageVariant = kDirectCopy && kHeadGroups == 1 && kCopyStages_ == 2;
+  using OneStage = SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, 1>;
 
   static constexpr int kSmemKVOffset = 0;
   static constexpr int kSmemSOffset = kSmemKVOffset + kStages * kSmemKVStageBytes;  // [g][w][16][pitch]

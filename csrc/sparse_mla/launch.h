@@ -19,6 +19,19 @@ cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream)
 template <typename Traits>
 int sparse_mla_fwd_blocks_per_sm();
 
+// Whether a 16-head 16-bit launch runs the one-stage kernel (kernel_traits.h OneStage) instead of
+// the two-stage one: where an SM holds one two-stage block but two one-stage blocks (100 KB SMs:
+// sm_120, sm_86, sm_89; sm_80), and only for an unsplit grid of at least two blocks per SM, whose
+// plan does not depend on the occupancy (the split planner plans with the two-stage kernel's).
+// There the second block's MMAs hide the other's gather: 1.20-1.25x at T = 1024, H <= 16 at
+// sm_120's occupancy; in split launches of few tiles per block, which lose their prefetched
+// second tile, 0.85-0.96x (H200 with SPARSE_MLA_SM120_OCCUPANCY=1, bench/NOTES.md v11).
+constexpr bool prefer_one_stage_kernel(int64_t grid_blocks, int num_splits, int num_sms, int two_stage_blocks_per_sm,
+                                       int one_stage_blocks_per_sm) {
+  return num_splits == 1 && two_stage_blocks_per_sm < 2 && one_stage_blocks_per_sm >= 2 && num_sms > 0 &&
+         grid_blocks >= 2 * static_cast<int64_t>(num_sms);
+}
+
 // The same for the configuration the dispatch below picks: the split planner's occupancy input.
 int fwd_blocks_per_sm(DType dtype, KvFormat format, int head_size, int num_heads);
 

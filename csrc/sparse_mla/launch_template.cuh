@@ -66,7 +66,7 @@ inline int fwd_launch_smem_bytes(int smem) {
 }
 
 template <typename Traits>
-cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream) {
+cudaError_t launch_fwd(const SparseMlaFwdParams& p, cudaStream_t stream) {
   const int smem = fwd_launch_smem_bytes(Traits::kSmemBytes);
   auto kernel = sparse_mla_fwd_kernel<Traits, Traits::kSmemBytes>;
   // Above 48 KB dynamic shared memory must be opted into, per device; the call is cheap, legal
@@ -101,7 +101,7 @@ cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream)
 }
 
 template <typename Traits>
-int sparse_mla_fwd_blocks_per_sm() {
+int blocks_per_sm_of() {
   static int blocks_of[kMaxCachedDevices] = {};
   return cached_per_device(blocks_of, 1, [](int) {
     const int smem = fwd_launch_smem_bytes(Traits::kSmemBytes);
@@ -114,6 +114,24 @@ int sparse_mla_fwd_blocks_per_sm() {
     }
     return blocks;
   });
+}
+
+template <typename Traits>
+cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream) {
+  if constexpr (Traits::kHasOneStageVariant) {
+    const int64_t grid_blocks = static_cast<int64_t>(p.num_tokens) * ((p.num_heads + Traits::kBlockH - 1) / Traits::kBlockH);
+    if (prefer_one_stage_kernel(grid_blocks, p.num_splits, device_attribute<cudaDevAttrMultiProcessorCount>(),
+                                blocks_per_sm_of<Traits>(), blocks_per_sm_of<typename Traits::OneStage>()))
+      return launch_fwd<typename Traits::OneStage>(p, stream);
+  }
+  return launch_fwd<Traits>(p, stream);
+}
+
+// The planner's occupancy: the two-stage kernel's, which a launch of the one-stage kernel does
+// not need (prefer_one_stage_kernel).
+template <typename Traits>
+int sparse_mla_fwd_blocks_per_sm() {
+  return blocks_per_sm_of<Traits>();
 }
 
 }  // namespace sparse_mla

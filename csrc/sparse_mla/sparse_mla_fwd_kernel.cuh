@@ -193,8 +193,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       if (g_sub == 0) sValid[stage * kBlockN + g_row] = loader.valid;
     }
   };
-  if constexpr (Traits::kDirectCopy) {
-    static_assert(kStages == 2, "the tile loop below is written for two stages");
+  if constexpr (Traits::kDirectCopy && kStages == 1) {
+    issue_tile(0, 0);
+    cp_async_commit();
+  } else if constexpr (Traits::kDirectCopy) {
     // Both tiles' indices are loaded before either tile is issued: one index latency, not two.
     int32_t second_row[kGatherRows];
     load_rows(1, second_row);
@@ -277,7 +279,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   for (int it = 0; it < num_tiles; ++it) {
     const int stage = it % kStages;
     if constexpr (Traits::kDirectCopy) {
-      if (it == 0) cp_async_wait<1>();  // the prologue issued tiles 0 and 1
+      if (kStages == 2 && it == 0) cp_async_wait<1>();  // the prologue issued tiles 0 and 1
       else cp_async_wait<0>();
     } else if (kStages == 1 && it > 0) {
       __syncthreads();  // stage 0 is free
@@ -285,7 +287,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       issue_tile(it + 1, 0);
     }
     __syncthreads();
-    if constexpr (Traits::kDirectCopy) {
+    if constexpr (Traits::kDirectCopy && kStages == 2) {
       if (it > 0 && it + 1 < num_tiles) {  // into the stage of tile it - 1
         issue_tile(it + 1, (it + 1) % kStages);
         cp_async_commit();
@@ -443,7 +445,14 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         }
       }
     }
-    if constexpr (!Traits::kDirectCopy && kStages == 2) {
+    if constexpr (Traits::kDirectCopy && kStages == 1) {
+      // One cp.async stage: tile it + 1 is gathered once every warp is done with tile it.
+      if (it + 1 < num_tiles) {
+        __syncthreads();
+        issue_tile(it + 1, 0);
+        cp_async_commit();
+      }
+    } else if constexpr (!Traits::kDirectCopy && kStages == 2) {
       // fp8, two stages: tile it + 1 (loaded a tile ago) into the stage of tile it - 1, which
       // every warp left before this tile's first barrier; the next one publishes it.
       if (it + 1 < num_tiles) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "kernel_traits.h"
+#include "launch.h"
 
 using namespace sparse_mla;
 
@@ -45,4 +46,28 @@ TEST(KernelTraits, Fp8DecodesIntoASecondStageOnlyIn32HeadBlocksThatFitIt) {
   expect_stages<__nv_bfloat16, KvFormat::kFp8DsMla, 576>(1, 1);
   using DsMla576 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 2>;
   EXPECT_GT(DsMla576::kSmemUnstaged + 2 * DsMla576::kSmemPerStage, kSmemBudgetBytes);
+}
+
+TEST(KernelTraits, SixteenHeadSixteenBitBlocksHaveAOneStageVariantThatFitsTwicePerSm120Sm) {
+  using Bf16 = SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, 576, 1>;
+  using Fp16 = SparseMlaFwdTraits<__half, KvFormat::kFloat16, 512, 1>;
+  static_assert(Bf16::kHasOneStageVariant && Fp16::kHasOneStageVariant);
+  static_assert(!SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, 576, 2>::kHasOneStageVariant);
+  static_assert(!SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 576, 1>::kHasOneStageVariant);
+  EXPECT_EQ(Bf16::OneStage::kStages, 1);
+  EXPECT_EQ(sm120_blocks_by_smem<Bf16>(), 1);  // 86,912 bytes
+  EXPECT_EQ(sm120_blocks_by_smem<Bf16::OneStage>(), 2);  // 49,408
+  EXPECT_EQ(sm120_blocks_by_smem<Fp16>(), 1);
+  EXPECT_EQ(sm120_blocks_by_smem<Fp16::OneStage>(), 2);
+}
+
+TEST(KernelTraits, OneStageKernelOnlyForLargeUnsplitGridsWhereItDoublesTheBlocksPerSm) {
+  // sm_120-like: one two-stage block per SM, two one-stage blocks; 132 SMs.
+  EXPECT_TRUE(prefer_one_stage_kernel(1024, 1, 132, 1, 2));
+  EXPECT_TRUE(prefer_one_stage_kernel(264, 1, 132, 1, 2));
+  EXPECT_FALSE(prefer_one_stage_kernel(263, 1, 132, 1, 2));  // fewer than two blocks per SM
+  EXPECT_FALSE(prefer_one_stage_kernel(1024, 2, 132, 1, 2));  // split: blocks of few tiles
+  EXPECT_FALSE(prefer_one_stage_kernel(1024, 1, 132, 2, 4));  // the H200: two two-stage blocks fit
+  EXPECT_FALSE(prefer_one_stage_kernel(1024, 1, 132, 1, 1));  // no second one-stage block
+  EXPECT_FALSE(prefer_one_stage_kernel(1024, 1, 0, 1, 2));    // SM count unknown
 }
