@@ -7,7 +7,9 @@ big for them):
 
 Every cache format x D (512, 576) x 8 and 32 heads (one and two head groups): one token with the
 top-k axis split across blocks and random masked slots, and three tokens in one block each with
-random topk_len. Each launch is checked against the fp32 reference as in ``verify``
+random topk_len; and, with 16-bit caches at 8 heads, a grid of two blocks per SM with random
+topk_len, which runs the one-stage kernels where an SM holds one two-stage block (sm_120, or any
+GPU with SPARSE_MLA_SM120_OCCUPANCY=1 set, as README says). Each launch is checked against the fp32 reference as in ``verify``
 (``verify.run_case``). Needs a CUDA GPU and the built package; exit 1 if a case fails.
 """
 
@@ -18,12 +20,15 @@ from vllm_sparse_mla_blackwell import cases, verify
 
 def main() -> int:
     device = torch.device("cuda")
+    two_blocks_per_sm = 2 * torch.cuda.get_device_properties(device).multi_processor_count + 8
+    shapes = [(num_heads, num_tokens, topk, masking) for num_heads in (8, 32)
+              for num_tokens, topk, masking in ((1, 200, "random"), (3, 96, "topk_len"))]
     failed = [
         case.label()
         for kv_cache_dtype in ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla")
         for head_size in (512, 576)
-        for num_heads in (8, 32)
-        for num_tokens, topk, masking in ((1, 200, "random"), (3, 96, "topk_len"))
+        for num_heads, num_tokens, topk, masking in
+        shapes + ([(8, two_blocks_per_sm, 96, "topk_len")] if kv_cache_dtype in ("bf16", "fp16") else [])
         for case in [cases.Case(head_size=head_size, num_heads=num_heads, topk=topk, num_tokens=num_tokens,
                                 kv_cache_dtype=kv_cache_dtype, masking=masking)]
         if not verify.run_case(case, device).passed

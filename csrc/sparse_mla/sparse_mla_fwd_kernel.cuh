@@ -193,10 +193,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       if (g_sub == 0) sValid[stage * kBlockN + g_row] = loader.valid;
     }
   };
-  if constexpr (Traits::kDirectCopy && kStages == 1) {
-    issue_tile(0, 0);
-    cp_async_commit();
-  } else if constexpr (Traits::kDirectCopy) {
+  if constexpr (Traits::kDirectCopy && kStages == 2) {
     // Both tiles' indices are loaded before either tile is issued: one index latency, not two.
     int32_t second_row[kGatherRows];
     load_rows(1, second_row);
@@ -207,6 +204,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     load_rows(2, next_row);
   } else {
     issue_tile(0, 0);
+    if constexpr (Traits::kDirectCopy) cp_async_commit();
   }
 
   // Q as m16n8k16 A fragments of this warp's 16 heads and k-steps, in registers for the whole
@@ -274,8 +272,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   for (int n = 0; n < Traits::kDvPerWarp / 8; ++n) acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.f;
 
   // Per tile: barrier (tile landed; every warp is past the previous tile, so its stage, sS, sP
-  // and sScaleP are free), S, barrier, softmax, barrier, P V. One tile is in flight while one is
-  // computed.
+  // and sScaleP are free), S, barrier, softmax, barrier, P V. With two stages one tile is in
+  // flight while one is computed; with one (fp8: the next tile waits in registers; 16-bit: the
+  // one-stage variant) the stage is refilled behind one more barrier.
   for (int it = 0; it < num_tiles; ++it) {
     const int stage = it % kStages;
     if constexpr (Traits::kDirectCopy) {

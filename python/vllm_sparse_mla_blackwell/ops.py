@@ -114,31 +114,36 @@ def unsupported_device_reason(capability: tuple[int, int]) -> str | None:
 
 
 def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, num_heads: int,
-                      device: torch.device | int | None = None) -> int:
+                      device: torch.device | str | int | None = None) -> int:
     """Blocks of the forward kernel one SM of ``device`` (default: the current CUDA device) holds
     at once, as the CUDA occupancy calculator gives it for the kernel configuration of q/out
     ``dtype`` (``torch.bfloat16`` or ``torch.float16``), ``kv_cache_dtype`` (``"bfloat16"``,
     ``"float16"``, ``"fp8_e4m3"`` or ``"fp8_ds_mla"``; not ``"auto"``), ``head_size`` (512 or
     576) and ``num_heads`` (1-16 run 16-head blocks, 17-128 32-head ones). The split planner
-    plans with this count. With ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the environment of the
+    plans with this count (for 16-head 16-bit caches the two-stage kernel's, also where a large
+    unsplit grid runs the one-stage kernel, csrc/sparse_mla/launch.h). With ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the environment of the
     process, the count an sm_120 SM would give (README). Raises ``ValueError`` for any other
     value and ``RuntimeError`` without the op library."""
-    return int(_ops().fwd_blocks_per_sm(dtype, kv_cache_dtype, head_size, num_heads, _cuda_device(device)))
+    device = _cuda_device(device)
+    return int(_ops().fwd_blocks_per_sm(dtype, kv_cache_dtype, head_size, num_heads, device))
 
 
-def _cuda_device(device: torch.device | int | None) -> torch.device:
-    """``device`` as ``torch.device("cuda", index)``; ``None`` is the current CUDA device.
-    Raises ``ValueError`` for a device of another type."""
-    if isinstance(device, torch.device) and device.type != "cuda":
+def _cuda_device(device: torch.device | str | int | None) -> torch.device:
+    """``device`` as ``torch.device("cuda", index)``: an index, a CUDA device or its name
+    (``"cuda:1"``); ``None`` or ``"cuda"`` is the current CUDA device. Raises ``ValueError`` for a
+    device of another type."""
+    if isinstance(device, int):
+        return torch.device("cuda", device)
+    device = torch.device("cuda") if device is None else torch.device(device)
+    if device.type != "cuda":
         raise ValueError(f"device must be a CUDA device, got {device}")
-    return torch.device("cuda", torch.cuda.current_device() if device is None else
-                        (device if isinstance(device, int) else device.index or 0))
+    return torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
 
 
 _WORKSPACES: dict[int, torch.Tensor] = {}
 
 
-def get_workspace(device: torch.device | int | None = None) -> torch.Tensor:
+def get_workspace(device: torch.device | str | int | None = None) -> torch.Tensor:
     """The split-top-k workspace of a CUDA device: uint8, sized once from its SM count.
 
     The kernel splits the top-k axis across blocks when there are too few query tokens to fill

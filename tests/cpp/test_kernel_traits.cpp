@@ -62,12 +62,14 @@ TEST(KernelTraits, SixteenHeadSixteenBitBlocksHaveAOneStageVariantThatFitsTwiceP
 }
 
 TEST(KernelTraits, OneStageKernelOnlyForLargeUnsplitGridsWhereItDoublesTheBlocksPerSm) {
-  // sm_120-like: one two-stage block per SM, two one-stage blocks; 132 SMs.
-  EXPECT_TRUE(prefer_one_stage_kernel(1024, 1, 132, 1, 2));
-  EXPECT_TRUE(prefer_one_stage_kernel(264, 1, 132, 1, 2));
-  EXPECT_FALSE(prefer_one_stage_kernel(263, 1, 132, 1, 2));  // fewer than two blocks per SM
-  EXPECT_FALSE(prefer_one_stage_kernel(1024, 2, 132, 1, 2));  // split: blocks of few tiles
-  EXPECT_FALSE(prefer_one_stage_kernel(1024, 1, 132, 2, 4));  // the H200: two two-stage blocks fit
-  EXPECT_FALSE(prefer_one_stage_kernel(1024, 1, 132, 1, 1));  // no second one-stage block
-  EXPECT_FALSE(prefer_one_stage_kernel(1024, 1, 0, 1, 2));    // SM count unknown
+  // 132 SMs.
+  EXPECT_TRUE(one_stage_grid(1024, 1, 132));
+  EXPECT_TRUE(one_stage_grid(264, 1, 132));
+  EXPECT_FALSE(one_stage_grid(263, 1, 132));   // fewer than two blocks per SM
+  EXPECT_FALSE(one_stage_grid(1024, 2, 132));  // split: blocks of few tiles
+  EXPECT_FALSE(one_stage_grid(1024, 1, 0));    // SM count unknown
+  EXPECT_TRUE(one_stage_occupancy(1, 2));      // sm_120: one two-stage block, two one-stage
+  EXPECT_TRUE(one_stage_occupancy(1, 3));      // sm_80
+  EXPECT_FALSE(one_stage_occupancy(2, 4));     // the H200: two two-stage blocks fit
+  EXPECT_FALSE(one_stage_occupancy(1, 1));     // no second one-stage block
 }
