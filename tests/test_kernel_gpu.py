@@ -66,13 +66,18 @@ def test_decode_combine_of_more_than_64_splits(num_heads):
 
 
 def test_fwd_blocks_per_sm():
-    """The occupancy the split planner plans with, through its op: at least one block of every
-    configuration (bad arguments: test_ops_cpu)."""
+    """The occupancy the split planner plans with, through its op: every head count of one block
+    size gets its block's count, a 16-head block (128 threads, <= 87 KB) at least as many as a
+    32-head one (256 threads, <= 99 KB), and the 16-head fp8_e4m3 D512 block (44 KB) two, as on
+    every target (bad arguments: test_ops_cpu)."""
     for dtype in (torch.bfloat16, torch.float16):
         for kv in ("bfloat16", "float16", "fp8_e4m3", "fp8_ds_mla"):
             for head_size in (512, 576):
-                for num_heads in (1, 16, 17, 128):
-                    assert ops.fwd_blocks_per_sm(dtype, kv, head_size, num_heads) >= 1
+                sixteen, thirty_two = (ops.fwd_blocks_per_sm(dtype, kv, head_size, h) for h in (16, 128))
+                assert ops.fwd_blocks_per_sm(dtype, kv, head_size, 1) == sixteen
+                assert ops.fwd_blocks_per_sm(dtype, kv, head_size, 17) == thirty_two
+                assert sixteen >= thirty_two >= 1, (dtype, kv, head_size)
+    assert ops.fwd_blocks_per_sm(torch.float16, "fp8_e4m3", 512, 16) >= 2
 
 
 def test_sm120_occupancy_emulation(same_package_env):
@@ -84,7 +89,7 @@ def test_sm120_occupancy_emulation(same_package_env):
     16 and 32 heads, D 512 and 576, unsplit (topk 32), split into blocks of two tiles (T 1,
     topk 300), blocks of many (T 64, topk 2048, where the stages are reused), and 16-head grids
     of two blocks per SM with random topk_len and both q dtypes, where the 16-bit caches run the
-    one-stage kernels (launch.h one_stage_grid): the profiler must see one of them. A fresh
+    one-stage kernels (api.h one_stage_grid): the profiler must see one of them. A fresh
     process, since the setting is read once."""
     probes = [(torch.float16, "fp8_ds_mla", 576, 16), (torch.float16, "fp8_e4m3", 512, 16),
               (torch.bfloat16, "bfloat16", 576, 16), (torch.float16, "float16", 512, 16)]

@@ -241,6 +241,12 @@ int combine_split_groups(int num_tokens, int num_heads, int num_splits, int num_
   return static_cast<int64_t>(num_tokens) * num_heads <= num_sms ? kCombineDecodeSplitGroups : 1;
 }
 
+bool one_stage_grid(int num_tokens, int num_heads, int num_splits, int num_sms) {
+  const int bh = block_heads(num_heads);
+  const int64_t grid_blocks = static_cast<int64_t>(num_tokens) * ((num_heads + bh - 1) / bh);
+  return num_splits == 1 && num_sms > 0 && grid_blocks >= 2 * static_cast<int64_t>(num_sms);
+}
+
 int64_t workspace_size(int num_sms) {
   // A split launch has at most kMaxSplitBlocksPerSm * num_sms blocks of at most kMaxBlockH heads.
   return static_cast<int64_t>(kMaxSplitBlocksPerSm) * num_sms * kMaxBlockH * (kHeadSizeV + 1) * 4;
@@ -385,6 +391,7 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   p.num_splits = split.num_splits;
   p.tiles_per_split = split.tiles_per_split;
   p.combine_split_groups = combine_split_groups(p.num_tokens, p.num_heads, p.num_splits, num_sms);
+  p.one_stage_grid = one_stage_grid(p.num_tokens, p.num_heads, p.num_splits, num_sms);
   if (p.num_splits > 1) {
     float* ws = static_cast<float*>(const_cast<void*>(a.workspace.data));
     p.partial_out = ws;

@@ -94,6 +94,13 @@ constexpr int kCoResidentMinTiles = 8;
 // leave SMs idle (decode), else one group (combine_kernel.cuh; bench/NOTES.md v10).
 int combine_split_groups(int num_tokens, int num_heads, int num_splits, int num_sms);
 
+// Whether a launch's grid may take the one-stage 16-head 16-bit kernel (kernel_traits.h
+// OneStage; params.h one_stage_grid): unsplit and at least two blocks per SM of num_sms, so that
+// its plan is the same at either kernel's occupancy (the planner plans with the two-stage one's).
+// Split launches of few tiles per block, which lose their prefetched second tile, ran 0.85-0.96x
+// with it (bench/NOTES.md v11).
+bool one_stage_grid(int num_tokens, int num_heads, int num_splits, int num_sms);
+
 // Workspace bytes that cover every split plan on a device with num_sms SMs.
 int64_t workspace_size(int num_sms);
 

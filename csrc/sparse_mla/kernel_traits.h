@@ -18,7 +18,7 @@ constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 
 // QElement: q / out type. kFormat: cache row format. kHeadDim: D (512 or 576). kHeadGroups:
 // groups of 16 heads per block. kCopyStages: cp.async stages of a 16-bit cache (2; 1 only for
-// the 16-head variant that launch.h one_stage_grid / one_stage_occupancy pick).
+// the 16-head variant that api.h one_stage_grid and launch.h one_stage_occupancy pick).
 template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2>
 struct SparseMlaFwdTraits {
   using QElement = QElement_;
@@ -70,8 +70,8 @@ struct SparseMlaFwdTraits {
                 "a warp's latent columns must be one fp8_ds_mla scale tile");
 
   // 16-bit cache rows are copied straight into shared memory with cp.async (two stages, one in
-  // flight while the other is computed; one in the OneStage variant below); fp8 rows are loaded into registers one tile ahead and decoded on the way into
-  // shared memory. 32-head fp8 blocks (one per SM anyway) decode into a second stage at the end
+  // flight while the other is computed; one in the OneStage variant below); fp8 rows are loaded
+  // into registers one tile ahead and decoded on the way into shared memory. 32-head fp8 blocks (one per SM anyway) decode into a second stage at the end
   // of the tile before, where it fits the ceiling (not fp8_ds_mla at D = 576); 16-head ones
   // into their one stage between two barriers of their own, which keeps two of them on an
   // sm_120 SM (with two stages, one: 0.64-0.96x at sm_120's occupancy; fp8_ds_mla at D = 576,

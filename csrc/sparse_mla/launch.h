@@ -17,28 +17,22 @@ cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream)
 
 // Blocks of the forward kernel one SM of the current device holds at once (>= 1; 1 when the
 // query fails), as the split planner plans with it: for a 16-head 16-bit configuration the
-// two-stage kernel's, also where large grids run the one-stage kernel (below). Cached per device.
+// two-stage kernel's, also where large grids run the one-stage kernel (one_stage_occupancy).
+// Cached per device.
 template <typename Traits>
 int sparse_mla_fwd_blocks_per_sm();
 
-// A 16-head 16-bit launch runs the one-stage kernel (kernel_traits.h OneStage) instead of the
-// two-stage one when both hold: the grid is unsplit and has at least two blocks per SM, so its
-// plan does not depend on the occupancy (the split planner plans with the two-stage kernel's);
-// and an SM holds one two-stage block but two or more one-stage ones (sm_120 / sm_121 and
-// sm_86 / sm_89, 100 KB per SM; sm_80's 164 KB too, unmeasured there). Then the second block's
-// MMAs hide the other's gather: 1.20-1.25x at T = 1024, H <= 16 at sm_120's occupancy; split
-// launches of few tiles per block, which lose their prefetched second tile, ran 0.85-0.96x
-// (H200 with SPARSE_MLA_SM120_OCCUPANCY=1, bench/NOTES.md v11). Two functions, so that the
-// occupancy is asked only for a grid that passes the first.
-constexpr bool one_stage_grid(int64_t grid_blocks, int num_splits, int num_sms) {
-  return num_splits == 1 && num_sms > 0 && grid_blocks >= 2 * static_cast<int64_t>(num_sms);
-}
+// The same for the configuration the dispatch below picks: the split planner's occupancy input.
+int fwd_blocks_per_sm(DType dtype, KvFormat format, int head_size, int num_heads);
+
+// A 16-head 16-bit launch whose grid was planned for it (params.h one_stage_grid) runs the
+// one-stage kernel (kernel_traits.h OneStage) where an SM holds one two-stage block but two or
+// more one-stage ones (sm_120 / sm_121 and sm_86 / sm_89, 100 KB per SM; sm_80's 164 KB too,
+// unmeasured there): the second block's MMAs hide the other's gather, 1.20-1.25x at T = 1024,
+// H <= 16 at sm_120's occupancy (H200 with SPARSE_MLA_SM120_OCCUPANCY=1, bench/NOTES.md v11).
 constexpr bool one_stage_occupancy(int two_stage_blocks_per_sm, int one_stage_blocks_per_sm) {
   return two_stage_blocks_per_sm < 2 && one_stage_blocks_per_sm >= 2;
 }
-
-// The same for the configuration the dispatch below picks: the split planner's occupancy input.
-int fwd_blocks_per_sm(DType dtype, KvFormat format, int head_size, int num_heads);
 
 // Picks the instantiation for (dtype, format, p.head_size, p.num_heads) and launches it. `p` must
 // come from plan_sparse_mla_fwd (which validates every argument; with num_splits > 1 its

@@ -65,12 +65,6 @@ inline int fwd_launch_smem_bytes(int smem) {
   return static_cast<int>(inflated < per_block ? inflated : per_block);
 }
 
-// Blocks of the forward grid per token.
-template <typename Traits>
-int head_blocks_of(int num_heads) {
-  return (num_heads + Traits::kBlockH - 1) / Traits::kBlockH;
-}
-
 template <typename Traits>
 cudaError_t launch_fwd(const SparseMlaFwdParams& p, cudaStream_t stream) {
   const int smem = fwd_launch_smem_bytes(Traits::kSmemBytes);
@@ -79,7 +73,8 @@ cudaError_t launch_fwd(const SparseMlaFwdParams& p, cudaStream_t stream) {
   // during stream capture, and repeating it keeps multi-GPU processes simple.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(p.num_tokens) * head_blocks_of<Traits>(p.num_heads), p.num_splits);
+  const int head_blocks = (p.num_heads + Traits::kBlockH - 1) / Traits::kBlockH;
+  const dim3 grid(static_cast<unsigned>(p.num_tokens) * head_blocks, p.num_splits);
   kernel<<<grid, Traits::kNumThreads, smem, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.num_splits == 1) return err;
@@ -124,16 +119,15 @@ int blocks_per_sm_of() {
 template <typename Traits>
 cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream) {
   if constexpr (Traits::kHasOneStageVariant) {
-    const int64_t grid_blocks = static_cast<int64_t>(p.num_tokens) * head_blocks_of<Traits>(p.num_heads);
-    if (one_stage_grid(grid_blocks, p.num_splits, device_attribute<cudaDevAttrMultiProcessorCount>()) &&
-        one_stage_occupancy(blocks_per_sm_of<Traits>(), blocks_per_sm_of<typename Traits::OneStage>()))
+    // The occupancy is asked only for a grid planned for the one-stage kernel.
+    if (p.one_stage_grid && one_stage_occupancy(blocks_per_sm_of<Traits>(), blocks_per_sm_of<typename Traits::OneStage>()))
       return launch_fwd<typename Traits::OneStage>(p, stream);
   }
   return launch_fwd<Traits>(p, stream);
 }
 
 // The planner's occupancy: the two-stage kernel's, which a launch of the one-stage kernel does
-// not need (launch.h one_stage_grid).
+// not need (api.h one_stage_grid).
 template <typename Traits>
 int sparse_mla_fwd_blocks_per_sm() {
   return blocks_per_sm_of<Traits>();

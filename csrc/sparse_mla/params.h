@@ -46,6 +46,9 @@ struct SparseMlaFwdParams {
   // Threads of a combine block that split the splits between them: kCombineDecodeSplitGroups
   // or 1 (plan_sparse_mla_fwd; combine_kernel.cuh). Read by the launch, not by the kernels.
   int combine_split_groups;
+  // Unsplit with at least two blocks per SM (api.h one_stage_grid): a 16-head 16-bit launch may
+  // run the one-stage kernel (launch.h one_stage_occupancy). Read by the launch only.
+  bool one_stage_grid;
 };
 
 constexpr int kCombineDecodeSplitGroups = 4;

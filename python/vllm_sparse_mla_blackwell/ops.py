@@ -121,9 +121,10 @@ def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, n
     ``"float16"``, ``"fp8_e4m3"`` or ``"fp8_ds_mla"``; not ``"auto"``), ``head_size`` (512 or
     576) and ``num_heads`` (1-16 run 16-head blocks, 17-128 32-head ones). The split planner
     plans with this count (for 16-head 16-bit caches the two-stage kernel's, also where a large
-    unsplit grid runs the one-stage kernel, csrc/sparse_mla/launch.h). With ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the environment of the
-    process, the count an sm_120 SM would give (README). Raises ``ValueError`` for any other
-    value and ``RuntimeError`` without the op library."""
+    unsplit grid runs the one-stage kernel, csrc/sparse_mla/launch.h). With
+    ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the environment of the process, the count an sm_120 SM
+    would give (README). Raises ``ValueError`` for any other value and ``RuntimeError`` without
+    the op library."""
     device = _cuda_device(device)
     return int(_ops().fwd_blocks_per_sm(dtype, kv_cache_dtype, head_size, num_heads, device))
 

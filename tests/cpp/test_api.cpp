@@ -212,6 +212,19 @@ TEST(SplitPlan, CombineUsesFourThreadGroupsOnlyAtDecode) {
   EXPECT_EQ(wide.combine_split_groups, 1);
 }
 
+TEST(SplitPlan, OneStageGridOnlyWhenUnsplitWithTwoBlocksPerSm) {
+  // 132 SMs; 16 heads are one block per token, 64 heads two.
+  EXPECT_TRUE(one_stage_grid(1024, 16, 1, 132));
+  EXPECT_TRUE(one_stage_grid(264, 8, 1, 132));
+  EXPECT_FALSE(one_stage_grid(263, 16, 1, 132));   // fewer than two blocks per SM
+  EXPECT_TRUE(one_stage_grid(132, 64, 1, 132));    // 264 blocks of 32 heads
+  EXPECT_FALSE(one_stage_grid(1024, 16, 2, 132));  // split: blocks of few tiles
+  EXPECT_FALSE(one_stage_grid(1024, 16, 1, 0));    // SM count unknown
+  // The launch plan carries it: 1024 tokens fill the GPU unsplit; 4 decode tokens split.
+  EXPECT_TRUE(plan_sparse_mla_fwd(good_args(1024), true, 132).params.one_stage_grid);
+  EXPECT_FALSE(plan_sparse_mla_fwd(good_args(4), true, 132).params.one_stage_grid);
+}
+
 TEST(SplitPlan, WorkspaceCoversEveryPlan) {
   for (int sms : {20, 48, 84, 132, 188}) {
     const int64_t ws = workspace_size(sms);

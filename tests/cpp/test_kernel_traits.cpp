@@ -61,13 +61,7 @@ TEST(KernelTraits, SixteenHeadSixteenBitBlocksHaveAOneStageVariantThatFitsTwiceP
   EXPECT_EQ(sm120_blocks_by_smem<Fp16::OneStage>(), 2);
 }
 
-TEST(KernelTraits, OneStageKernelOnlyForLargeUnsplitGridsWhereItDoublesTheBlocksPerSm) {
-  // 132 SMs.
-  EXPECT_TRUE(one_stage_grid(1024, 1, 132));
-  EXPECT_TRUE(one_stage_grid(264, 1, 132));
-  EXPECT_FALSE(one_stage_grid(263, 1, 132));   // fewer than two blocks per SM
-  EXPECT_FALSE(one_stage_grid(1024, 2, 132));  // split: blocks of few tiles
-  EXPECT_FALSE(one_stage_grid(1024, 1, 0));    // SM count unknown
+TEST(KernelTraits, OneStageKernelOnlyWhereItDoublesTheBlocksPerSm) {
   EXPECT_TRUE(one_stage_occupancy(1, 2));      // sm_120: one two-stage block, two one-stage
   EXPECT_TRUE(one_stage_occupancy(1, 3));      // sm_80
   EXPECT_FALSE(one_stage_occupancy(2, 4));     // the H200: two two-stage blocks fit
