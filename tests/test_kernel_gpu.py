@@ -66,10 +66,11 @@ def test_decode_combine_of_more_than_64_splits(num_heads):
 
 
 def test_fwd_blocks_per_sm():
-    """The occupancy the split planner plans with, through its op: every head count of one block
-    size gets its block's count, a 16-head block (128 threads, <= 87 KB) at least as many as a
-    32-head one (256 threads, <= 99 KB), and the 16-head fp8_e4m3 D512 block (44 KB) two, as on
-    every target (bad arguments: test_ops_cpu)."""
+    """The occupancies the split planner plans with, through its op: every head count of one
+    block size gets its block's count, a 16-head block (128 threads, <= 87 KB) at least as many
+    as a 32-head one (256 threads, <= 99 KB), the 16-head fp8_e4m3 D512 block (44 KB) two, as on
+    every target; the one-stage variant (16-head 16-bit caches only, <= 50 KB) at least two and
+    at least the two-stage kernel's count, 0 elsewhere (bad arguments: test_ops_cpu)."""
     for dtype in (torch.bfloat16, torch.float16):
         for kv in ("bfloat16", "float16", "fp8_e4m3", "fp8_ds_mla"):
             for head_size in (512, 576):
@@ -77,20 +78,28 @@ def test_fwd_blocks_per_sm():
                 assert ops.fwd_blocks_per_sm(dtype, kv, head_size, 1) == sixteen
                 assert ops.fwd_blocks_per_sm(dtype, kv, head_size, 17) == thirty_two
                 assert sixteen >= thirty_two >= 1, (dtype, kv, head_size)
+                one_stage = ops.fwd_blocks_per_sm(dtype, kv, head_size, 16, one_stage=True)
+                if kv in ("bfloat16", "float16"):
+                    assert one_stage >= max(2, sixteen), (dtype, kv, head_size)
+                else:
+                    assert one_stage == 0, (dtype, kv, head_size)
+                assert ops.fwd_blocks_per_sm(dtype, kv, head_size, 17, one_stage=True) == 0
     assert ops.fwd_blocks_per_sm(torch.float16, "fp8_e4m3", 512, 16) >= 2
 
 
 def test_sm120_occupancy_emulation(same_package_env):
-    """SPARSE_MLA_SM120_OCCUPANCY=1 (launch_template.cuh): the planner's occupancy becomes an
+    """SPARSE_MLA_SM120_OCCUPANCY=1 (launch_template.cuh): the planner's occupancies become an
     sm_120 SM's (16-head kernels: fp8_ds_mla at D = 576, 52,992 bytes, one block; fp8_e4m3 at
     D = 512, 44,032 bytes, two; bf16 at D = 576 and fp16 at D = 512 with two stages, 86,912 and
-    77,440 bytes, one), and every kernel class still launches, asking for about 2.3x its shared
-    memory on an sm_90 (at most 221 KB), and gives right values: bf16, fp16 and both fp8 caches,
-    16 and 32 heads, D 512 and 576, unsplit (topk 32), split into blocks of two tiles (T 1,
-    topk 300), blocks of many (T 64, topk 2048, where the stages are reused), and 16-head grids
-    of two blocks per SM with random topk_len and both q dtypes, where the 16-bit caches run the
-    one-stage kernels (api.h one_stage_grid): the profiler must see one of them. A fresh
-    process, since the setting is read once."""
+    77,440 bytes, one; their one-stage variants, 49,408 and 45,312 bytes, two), and every kernel
+    class still launches, asking for about 2.3x its shared memory on an sm_90 (at most 221 KB),
+    and gives right values: bf16, fp16 and both fp8 caches, 16 and 32 heads, D 512 and 576,
+    unsplit (topk 32), split into blocks of two tiles (T 1, topk 300), blocks of many (T 64,
+    topk 2048, where the stages are reused; 16-bit caches at 16 heads plan four splits of 16
+    tiles for the one-stage kernel, api.h plan_fwd_splits), and 16-head grids of two blocks per
+    SM with random topk_len and both q dtypes (one-stage too). The profiler must see the
+    one-stage kernel run in a split launch (T 64) and an unsplit one. A fresh process, since the
+    setting is read once."""
     probes = [(torch.float16, "fp8_ds_mla", 576, 16), (torch.float16, "fp8_e4m3", 512, 16),
               (torch.bfloat16, "bfloat16", 576, 16), (torch.float16, "float16", 512, 16)]
     normal = [ops.fwd_blocks_per_sm(*args) for args in probes]
@@ -99,6 +108,7 @@ def test_sm120_occupancy_emulation(same_package_env):
         "from torch.profiler import ProfilerActivity, profile\n"
         "from vllm_sparse_mla_blackwell import cases, ops, verify\n"
         f"occupancy = [ops.fwd_blocks_per_sm(*args) for args in {probes!r}]\n"
+        f"occupancy += [ops.fwd_blocks_per_sm(*args, one_stage=True) for args in {probes!r}]\n"
         "two_per_sm = 2 * torch.cuda.get_device_properties(0).multi_processor_count + 8\n"
         "shapes = [(h, t, k, 'none', 'bf16') for h in (16, 32) for t, k in ((3, 32), (1, 300), (64, 2048))]\n"
         "shapes += [(16, two_per_sm, 64, 'topk_len', q) for q in ('bf16', 'fp16')]\n"
@@ -107,12 +117,17 @@ def test_sm120_occupancy_emulation(same_package_env):
         "       for c in [cases.Case(head_size=d, num_heads=h, topk=k, num_tokens=t, kv_cache_dtype=kv,\n"
         "                            masking=masking, q_dtype=q)]\n"
         "       if not verify.run_case(c, torch.device('cuda')).passed]\n"
-        "with profile(activities=[ProfilerActivity.CUDA]) as prof:\n"
-        "    verify.run_case(cases.Case(head_size=576, num_heads=16, topk=64, num_tokens=two_per_sm), torch.device('cuda'))\n"
-        "kernels = sorted({e.name for e in prof.events() if 'sparse_mla_fwd_kernel' in e.name})\n"
-        "one_stage = any(', 1, 1>' in name for name in kernels)\n"
-        "print('occupancy', occupancy, 'failed', bad, 'kernels', kernels)\n"
-        "sys.exit(0 if occupancy == [1, 2, 1, 1] and not bad and one_stage else 1)\n")
+        "def kernels(num_tokens, topk):\n"
+        "    with profile(activities=[ProfilerActivity.CUDA]) as prof:\n"
+        "        verify.run_case(cases.Case(head_size=576, num_heads=16, topk=topk, num_tokens=num_tokens),\n"
+        "                        torch.device('cuda'))\n"
+        "    return sorted({e.name for e in prof.events() if 'sparse_mla_' in e.name})\n"
+        "split, unsplit = kernels(64, 2048), kernels(two_per_sm, 64)\n"
+        "one_stage = [any(', 1, 1>' in n for n in k) for k in (split, unsplit)]\n"
+        "combined = any('combine' in n for n in split)\n"
+        "print('occupancy', occupancy, 'failed', bad, 'kernels', split, unsplit)\n"
+        "sys.exit(0 if occupancy == [1, 2, 1, 1, 0, 0, 2, 2] and not bad and one_stage == [True, True]\n"
+        "         and combined else 1)\n")
     run = subprocess.run([sys.executable, "-c", script], env=same_package_env(SPARSE_MLA_SM120_OCCUPANCY="1"),
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, f"without the setting {normal}; " + run.stdout[-3000:] + run.stderr[-3000:]

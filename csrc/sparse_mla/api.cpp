@@ -241,10 +241,23 @@ int combine_split_groups(int num_tokens, int num_heads, int num_splits, int num_
   return static_cast<int64_t>(num_tokens) * num_heads <= num_sms ? kCombineDecodeSplitGroups : 1;
 }
 
-bool one_stage_grid(int num_tokens, int num_heads, int num_splits, int num_sms) {
+bool one_stage_plan(int num_tokens, int num_heads, const SplitPlan& plan, int num_sms) {
   const int bh = block_heads(num_heads);
-  const int64_t grid_blocks = static_cast<int64_t>(num_tokens) * ((num_heads + bh - 1) / bh);
-  return num_splits == 1 && num_sms > 0 && grid_blocks >= 2 * static_cast<int64_t>(num_sms);
+  const int64_t blocks = static_cast<int64_t>(num_tokens) * ((num_heads + bh - 1) / bh) * plan.num_splits;
+  if (num_sms <= 0 || blocks <= num_sms) return false;
+  return plan.tiles_per_split >= kOneStageMinTiles || (plan.num_splits == 1 && blocks >= 2 * int64_t{num_sms});
+}
+
+SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
+                          int blocks_per_sm, int one_stage_blocks_per_sm) {
+  if (one_stage_occupancy(blocks_per_sm, one_stage_blocks_per_sm)) {
+    SplitPlan plan = plan_splits(num_tokens, num_heads, topk, num_sms, workspace_bytes, one_stage_blocks_per_sm);
+    if (one_stage_plan(num_tokens, num_heads, plan, num_sms)) {
+      plan.one_stage = true;
+      return plan;
+    }
+  }
+  return plan_splits(num_tokens, num_heads, topk, num_sms, workspace_bytes, blocks_per_sm);
 }
 
 int64_t workspace_size(int num_sms) {
@@ -382,16 +395,17 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   p.head_size = static_cast<int>(head_size);
   p.sm_scale_log2 = static_cast<float>(a.sm_scale * 1.4426950408889634);
   if (T > (int64_t{1} << 30) / ((H + 15) / 16)) fail("q.shape[0] (num_tokens) is too large");
-  // Only a launch that may split asks the device for its occupancy (a CUDA call).
-  const int blocks_per_sm_here = (blocks_per_sm != nullptr && workspace_bytes > 0 && T > 0)
-                                     ? blocks_per_sm(dtype, format, p.head_size, p.num_heads)
-                                     : 1;
-  const SplitPlan split =
-      plan_splits(p.num_tokens, p.num_heads, p.topk, num_sms, workspace_bytes, blocks_per_sm_here);
+  // Only a launch that may split asks the device for its occupancies (CUDA calls).
+  const bool ask = blocks_per_sm != nullptr && workspace_bytes > 0 && T > 0;
+  const auto occupancy = [&](bool one_stage) {
+    return ask ? blocks_per_sm(dtype, format, p.head_size, p.num_heads, one_stage) : one_stage ? 0 : 1;
+  };
+  const SplitPlan split = plan_fwd_splits(p.num_tokens, p.num_heads, p.topk, num_sms, workspace_bytes,
+                                          occupancy(false), occupancy(true));
   p.num_splits = split.num_splits;
   p.tiles_per_split = split.tiles_per_split;
+  p.one_stage = split.one_stage;
   p.combine_split_groups = combine_split_groups(p.num_tokens, p.num_heads, p.num_splits, num_sms);
-  p.one_stage_grid = one_stage_grid(p.num_tokens, p.num_heads, p.num_splits, num_sms);
   if (p.num_splits > 1) {
     float* ws = static_cast<float*>(const_cast<void*>(a.workspace.data));
     p.partial_out = ws;

@@ -54,14 +54,15 @@ struct SparseMlaFwdLaunch {
   bool empty;  // no query tokens: nothing to launch
 };
 
-// Blocks of the kernel for (dtype, format, head_size, num_heads) one SM holds at once
-// (fwd_blocks_per_sm in launch.h); null means one.
-using BlocksPerSmFn = int (*)(DType dtype, KvFormat format, int head_size, int num_heads);
+// Blocks of the kernel for (dtype, format, head_size, num_heads) one SM holds at once, or with
+// one_stage those of its one-stage variant, 0 where it has none (fwd_blocks_per_sm in launch.h).
+using BlocksPerSmFn = int (*)(DType dtype, KvFormat format, int head_size, int num_heads, bool one_stage);
 
 // Checks every argument (shapes, dtypes, devices, alignment, supported H and D, topk >= 1) and
 // throws ArgumentError naming the first bad one. `require_cuda`: all tensors on one CUDA device
 // (the kernel path); otherwise all on one device of any kind (the CPU reference path).
-// num_sms and blocks_per_sm size the split of the top-k axis (ignored without a workspace).
+// num_sms and blocks_per_sm (null: one block per SM, no one-stage variant) plan the split of the
+// top-k axis and the kernel variant (plan_fwd_splits; ignored without a workspace).
 SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& args, bool require_cuda, int num_sms,
                                        BlocksPerSmFn blocks_per_sm = nullptr);
 
@@ -72,6 +73,7 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& args, bool requir
 struct SplitPlan {
   int num_splits;
   int tiles_per_split;
+  bool one_stage = false;  // run the one-stage 16-head 16-bit kernel (plan_fwd_splits)
 };
 SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
                       int blocks_per_sm = 1);
@@ -94,12 +96,27 @@ constexpr int kCoResidentMinTiles = 8;
 // leave SMs idle (decode), else one group (combine_kernel.cuh; bench/NOTES.md v10).
 int combine_split_groups(int num_tokens, int num_heads, int num_splits, int num_sms);
 
-// Whether a launch's grid may take the one-stage 16-head 16-bit kernel (kernel_traits.h
-// OneStage; params.h one_stage_grid): unsplit and at least two blocks per SM of num_sms, so that
-// its plan is the same at either kernel's occupancy (the planner plans with the two-stage one's).
-// Split launches of few tiles per block, which lose their prefetched second tile, ran 0.85-0.96x
-// with it (bench/NOTES.md v11).
-bool one_stage_grid(int num_tokens, int num_heads, int num_splits, int num_sms);
+// Whether an SM holds one two-stage 16-head 16-bit block but two or more of its one-stage
+// variant (kernel_traits.h OneStage): sm_120 / sm_121 and sm_86 / sm_89 (100 KB per SM), sm_80
+// (164 KB, unmeasured there); not the H200, which holds two two-stage blocks.
+constexpr bool one_stage_occupancy(int two_stage_blocks_per_sm, int one_stage_blocks_per_sm) {
+  return two_stage_blocks_per_sm < 2 && one_stage_blocks_per_sm >= 2;
+}
+
+// Whether `plan` (made at the one-stage occupancy) should run the one-stage kernel: some SM
+// gets two blocks, which hide each other's gathers, and either every block has at least
+// kOneStageMinTiles tiles or the grid is unsplit with two blocks for every SM. With sm_120's
+// occupancy on the H200 (SPARSE_MLA_SM120_OCCUPANCY=1): T = 1024 1.20-1.25x, T = 64 (4 splits
+// of 16-17 tiles) 1.11-1.19x; split plans of 2-8 tiles per block, which lose the second tile
+// a two-stage block prefetches, 0.85-0.96x (bench/NOTES.md v11).
+bool one_stage_plan(int num_tokens, int num_heads, const SplitPlan& plan, int num_sms);
+constexpr int kOneStageMinTiles = 16;
+
+// The launch's split plan and kernel variant: where one_stage_occupancy holds and the plan at
+// the one-stage occupancy passes one_stage_plan, that plan with one_stage set; otherwise
+// plan_splits at the (two-stage) kernel's occupancy.
+SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
+                          int blocks_per_sm, int one_stage_blocks_per_sm);
 
 // Workspace bytes that cover every split plan on a device with num_sms SMs.
 int64_t workspace_size(int num_sms);

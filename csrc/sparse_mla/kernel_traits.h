@@ -18,7 +18,7 @@ constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 
 // QElement: q / out type. kFormat: cache row format. kHeadDim: D (512 or 576). kHeadGroups:
 // groups of 16 heads per block. kCopyStages: cp.async stages of a 16-bit cache (2; 1 only for
-// the 16-head variant that api.h one_stage_grid and launch.h one_stage_occupancy pick).
+// the 16-head variant that api.h plan_fwd_splits picks).
 template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2>
 struct SparseMlaFwdTraits {
   using QElement = QElement_;

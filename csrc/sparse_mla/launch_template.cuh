@@ -119,18 +119,17 @@ int blocks_per_sm_of() {
 template <typename Traits>
 cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream) {
   if constexpr (Traits::kHasOneStageVariant) {
-    // The occupancy is asked only for a grid planned for the one-stage kernel.
-    if (p.one_stage_grid && one_stage_occupancy(blocks_per_sm_of<Traits>(), blocks_per_sm_of<typename Traits::OneStage>()))
-      return launch_fwd<typename Traits::OneStage>(p, stream);
+    if (p.one_stage) return launch_fwd<typename Traits::OneStage>(p, stream);
   }
   return launch_fwd<Traits>(p, stream);
 }
 
-// The planner's occupancy: the two-stage kernel's, which a launch of the one-stage kernel does
-// not need (api.h one_stage_grid).
 template <typename Traits>
-int sparse_mla_fwd_blocks_per_sm() {
-  return blocks_per_sm_of<Traits>();
+int sparse_mla_fwd_blocks_per_sm(bool one_stage) {
+  if constexpr (Traits::kHasOneStageVariant) {
+    if (one_stage) return blocks_per_sm_of<typename Traits::OneStage>();
+  }
+  return one_stage ? 0 : blocks_per_sm_of<Traits>();
 }
 
 }  // namespace sparse_mla

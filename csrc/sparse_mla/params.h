@@ -46,9 +46,9 @@ struct SparseMlaFwdParams {
   // Threads of a combine block that split the splits between them: kCombineDecodeSplitGroups
   // or 1 (plan_sparse_mla_fwd; combine_kernel.cuh). Read by the launch, not by the kernels.
   int combine_split_groups;
-  // Unsplit with at least two blocks per SM (api.h one_stage_grid): a 16-head 16-bit launch may
-  // run the one-stage kernel (launch.h one_stage_occupancy). Read by the launch only.
-  bool one_stage_grid;
+  // Planned for the one-stage 16-head 16-bit kernel (api.h plan_fwd_splits), which the launch
+  // then runs. Read by the launch only.
+  bool one_stage;
 };
 
 constexpr int kCombineDecodeSplitGroups = 4;

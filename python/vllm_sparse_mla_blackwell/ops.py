@@ -114,19 +114,20 @@ def unsupported_device_reason(capability: tuple[int, int]) -> str | None:
 
 
 def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, num_heads: int,
-                      device: torch.device | str | int | None = None) -> int:
+                      device: torch.device | str | int | None = None, *, one_stage: bool = False) -> int:
     """Blocks of the forward kernel one SM of ``device`` (default: the current CUDA device) holds
     at once, as the CUDA occupancy calculator gives it for the kernel configuration of q/out
     ``dtype`` (``torch.bfloat16`` or ``torch.float16``), ``kv_cache_dtype`` (``"bfloat16"``,
     ``"float16"``, ``"fp8_e4m3"`` or ``"fp8_ds_mla"``; not ``"auto"``), ``head_size`` (512 or
-    576) and ``num_heads`` (1-16 run 16-head blocks, 17-128 32-head ones). The split planner
-    plans with this count (for 16-head 16-bit caches the two-stage kernel's, also where a large
-    unsplit grid runs the one-stage kernel, csrc/sparse_mla/launch.h). With
-    ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the environment of the process, the count an sm_120 SM
-    would give (README). Raises ``ValueError`` for any other value and ``RuntimeError`` without
-    the op library."""
+    576) and ``num_heads`` (1-16 run 16-head blocks, 17-128 32-head ones); with ``one_stage``,
+    those of the configuration's one-stage variant (16-head 16-bit caches only; 0 for the
+    others). The split planner plans with these counts: a launch runs the one-stage kernel where
+    an SM holds one two-stage block but two one-stage ones and the plan suits it
+    (csrc/sparse_mla/api.h ``plan_fwd_splits``). With ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the
+    environment of the process, the counts an sm_120 SM would give (README). Raises
+    ``ValueError`` for any other value and ``RuntimeError`` without the op library."""
     device = _cuda_device(device)
-    return int(_ops().fwd_blocks_per_sm(dtype, kv_cache_dtype, head_size, num_heads, device))
+    return int(_ops().fwd_blocks_per_sm(dtype, kv_cache_dtype, head_size, num_heads, device, one_stage))
 
 
 def _cuda_device(device: torch.device | str | int | None) -> torch.device:

@@ -212,17 +212,57 @@ TEST(SplitPlan, CombineUsesFourThreadGroupsOnlyAtDecode) {
   EXPECT_EQ(wide.combine_split_groups, 1);
 }
 
-TEST(SplitPlan, OneStageGridOnlyWhenUnsplitWithTwoBlocksPerSm) {
+TEST(SplitPlan, OneStageKernelWhereTwoBlocksShareAnSmForLong) {
   // 132 SMs; 16 heads are one block per token, 64 heads two.
-  EXPECT_TRUE(one_stage_grid(1024, 16, 1, 132));
-  EXPECT_TRUE(one_stage_grid(264, 8, 1, 132));
-  EXPECT_FALSE(one_stage_grid(263, 16, 1, 132));   // fewer than two blocks per SM
-  EXPECT_TRUE(one_stage_grid(132, 64, 1, 132));    // 264 blocks of 32 heads
-  EXPECT_FALSE(one_stage_grid(1024, 16, 2, 132));  // split: blocks of few tiles
-  EXPECT_FALSE(one_stage_grid(1024, 16, 1, 0));    // SM count unknown
-  // The launch plan carries it: 1024 tokens fill the GPU unsplit; 4 decode tokens split.
-  EXPECT_TRUE(plan_sparse_mla_fwd(good_args(1024), true, 132).params.one_stage_grid);
-  EXPECT_FALSE(plan_sparse_mla_fwd(good_args(4), true, 132).params.one_stage_grid);
+  EXPECT_TRUE(one_stage_plan(1024, 16, {1, 64}, 132));   // unsplit, two blocks for every SM
+  EXPECT_TRUE(one_stage_plan(264, 8, {1, 3}, 132));      // ... however short
+  EXPECT_TRUE(one_stage_plan(132, 64, {1, 64}, 132));    // 264 blocks of 32 heads
+  EXPECT_TRUE(one_stage_plan(64, 16, {4, 16}, 132));     // 256 blocks of 16 tiles
+  EXPECT_TRUE(one_stage_plan(200, 16, {1, 68}, 132));    // 68 SMs get a second long block
+  EXPECT_FALSE(one_stage_plan(200, 16, {1, 8}, 132));    // ... a short one
+  EXPECT_FALSE(one_stage_plan(16, 16, {16, 4}, 132));    // 256 blocks of 4 tiles
+  EXPECT_FALSE(one_stage_plan(16, 16, {8, 8}, 132));     // 128 blocks: one per SM
+  EXPECT_FALSE(one_stage_plan(132, 16, {1, 64}, 132));   // one per SM, however long
+  EXPECT_FALSE(one_stage_plan(1024, 16, {1, 64}, 0));    // SM count unknown
+}
+
+TEST(SplitPlan, OneStagePlanOnlyWhereItDoublesTheBlocksPerSm) {
+  EXPECT_TRUE(one_stage_occupancy(1, 2));   // sm_120: one two-stage block, two one-stage
+  EXPECT_TRUE(one_stage_occupancy(1, 3));   // sm_80
+  EXPECT_FALSE(one_stage_occupancy(2, 4));  // the H200: two two-stage blocks fit
+  EXPECT_FALSE(one_stage_occupancy(1, 1));  // no second one-stage block
+  const int64_t ws = workspace_size(132);
+  // sm_120's occupancy (one two-stage block per SM, two one-stage): T = 64 plans four splits of
+  // 16 tiles for two blocks per SM, T = 1024 stays unsplit; both run the one-stage kernel.
+  SplitPlan p = plan_fwd_splits(64, 16, 2048, 132, ws, 1, 2);
+  EXPECT_TRUE(p.one_stage);
+  EXPECT_EQ(p.num_splits, 4);
+  EXPECT_EQ(p.tiles_per_split, 16);
+  p = plan_fwd_splits(1024, 16, 2048, 132, ws, 1, 2);
+  EXPECT_TRUE(p.one_stage);
+  EXPECT_EQ(p.num_splits, 1);
+  // Blocks of few tiles (T = 1, 4, 16) keep the two-stage kernel and its plan.
+  for (int T : {1, 4, 16}) {
+    p = plan_fwd_splits(T, 16, 2048, 132, ws, 1, 2);
+    EXPECT_FALSE(p.one_stage) << T;
+    EXPECT_EQ(p.num_splits, plan_splits(T, 16, 2048, 132, ws, 1).num_splits) << T;
+  }
+  // The H200 (two two-stage blocks per SM), no second one-stage block, no variant (0).
+  for (const auto& [two, one] : {std::pair{2, 4}, std::pair{1, 1}, std::pair{1, 0}}) {
+    p = plan_fwd_splits(64, 16, 2048, 132, ws, two, one);
+    EXPECT_FALSE(p.one_stage) << two << " " << one;
+    EXPECT_EQ(p.num_splits, plan_splits(64, 16, 2048, 132, ws, two).num_splits) << two << " " << one;
+  }
+}
+
+int sm120_like_blocks_per_sm(DType, KvFormat, int, int, bool one_stage) { return one_stage ? 2 : 1; }
+
+TEST(SplitPlan, LaunchPlanCarriesTheKernelVariant) {
+  EXPECT_TRUE(plan_sparse_mla_fwd(good_args(1024), true, 132, &sm120_like_blocks_per_sm).params.one_stage);
+  EXPECT_TRUE(plan_sparse_mla_fwd(good_args(64), true, 132, &sm120_like_blocks_per_sm).params.one_stage);
+  EXPECT_FALSE(plan_sparse_mla_fwd(good_args(4), true, 132, &sm120_like_blocks_per_sm).params.one_stage);
+  // Without the occupancy query: one block per SM, no variant.
+  EXPECT_FALSE(plan_sparse_mla_fwd(good_args(1024), true, 132).params.one_stage);
 }
 
 TEST(SplitPlan, WorkspaceCoversEveryPlan) {

@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include "kernel_traits.h"
-#include "launch.h"
 
 using namespace sparse_mla;
 
@@ -59,11 +58,4 @@ TEST(KernelTraits, SixteenHeadSixteenBitBlocksHaveAOneStageVariantThatFitsTwiceP
   EXPECT_EQ(sm120_blocks_by_smem<Bf16::OneStage>(), 2);  // 49,408
   EXPECT_EQ(sm120_blocks_by_smem<Fp16>(), 1);
   EXPECT_EQ(sm120_blocks_by_smem<Fp16::OneStage>(), 2);
-}
-
-TEST(KernelTraits, OneStageKernelOnlyWhereItDoublesTheBlocksPerSm) {
-  EXPECT_TRUE(one_stage_occupancy(1, 2));      // sm_120: one two-stage block, two one-stage
-  EXPECT_TRUE(one_stage_occupancy(1, 3));      // sm_80
-  EXPECT_FALSE(one_stage_occupancy(2, 4));     // the H200: two two-stage blocks fit
-  EXPECT_FALSE(one_stage_occupancy(1, 1));     // no second one-stage block
 }
