@@ -12,19 +12,24 @@
 
 namespace sparse_mla {
 
-// One block per (token, head): thread (group g, column chunk c) sums float4 c of out over the
-// splits g, g + G, ... (G = kSplitGroups), and the G partial sums meet in shared memory. Every
-// warp reduces the split lse values itself (L1 serves the repeated reads), so the first round of
-// partial loads is issued before that reduction and nothing waits on a barrier until the end.
-// G = 4 when the (token, head) rows leave SMs idle (decode: T = 1 with 32-34 splits became a
-// few dependent L2 round trips instead of one per 16 splits); G = 1, small blocks with few
-// registers, when the rows alone fill the GPU (T = 64, H = 16: 1024 rows, where one 512-thread
-// block per SM ran 1.4x slower). The planner picks G (api.cpp combine_split_groups).
-constexpr int kCombineColumnThreads = kHeadSizeV / 4;  // one float4 of out each
+// Thread (group g, column chunk c) sums float4 c of out over the splits g, g + G, ...
+// (G = kSplitGroups), and the G partial sums meet in shared memory. Every warp reduces the split
+// lse values itself (L1 serves the repeated reads), so the first round of partial loads is
+// issued before that reduction and nothing waits on a barrier until the end.
+// G = 4 when the (token, head) rows leave SMs idle (decode), with each row's 128 float4 columns
+// spread over kColumnSlices blocks so that more SMs share its loads (one block per row was bound
+// by what one SM loads: T = 1 took the same ~3.7 us at 8 and 128 heads; four blocks, 1.07-1.10x
+// at T = 1 and 4 with <= 32 heads, eight no more; bench/NOTES.md v12); G = 1, one block per row,
+// small blocks with few registers, when the rows alone fill the GPU (T = 64, H = 16: 1024 rows,
+// where one 512-thread block per SM ran 1.4x slower). The planner picks G (api.cpp
+// combine_split_groups).
+constexpr int kFloat4PerRow = kHeadSizeV / 4;
 
 template <int kSplitGroups>
 struct CombineConfig {
-  static constexpr int kThreads = kCombineColumnThreads * kSplitGroups;
+  static constexpr int kColumnSlices = kSplitGroups > 1 ? 4 : 1;  // blocks per (token, head) row
+  static constexpr int kColumnThreads = kFloat4PerRow / kColumnSlices;
+  static constexpr int kThreads = kColumnThreads * kSplitGroups;
   static constexpr int kLoadsInFlight = kSplitGroups > 1 ? 16 : 8;  // splits per thread per round
   // G = 1: at least 8 blocks per SM (64 registers), so that a T = 64, H = 16 launch (1024 rows)
   // is one wave on 128+ SMs.
@@ -34,16 +39,18 @@ struct CombineConfig {
 template <typename Element, int kSplitGroups>
 __global__ void __launch_bounds__(CombineConfig<kSplitGroups>::kThreads, CombineConfig<kSplitGroups>::kMinBlocksPerSm)
     sparse_mla_combine_kernel(const SparseMlaFwdParams p) {
-  constexpr int kLoads = CombineConfig<kSplitGroups>::kLoadsInFlight;
-  __shared__ float4 s_acc[kSplitGroups > 1 ? kSplitGroups - 1 : 1][kCombineColumnThreads];
+  using Config = CombineConfig<kSplitGroups>;
+  constexpr int kLoads = Config::kLoadsInFlight;
+  __shared__ float4 s_acc[kSplitGroups > 1 ? kSplitGroups - 1 : 1][Config::kColumnThreads];
   const int64_t row = blockIdx.x;
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.num_heads;
   const int t = static_cast<int>(row / p.num_heads);
   const int h = static_cast<int>(row % p.num_heads);
   const int tid = threadIdx.x;
   const int lane = tid % 32;
-  const int col = tid % kCombineColumnThreads;
-  const int group = tid / kCombineColumnThreads;
+  const int slice_col = tid % Config::kColumnThreads;
+  const int col = blockIdx.y * Config::kColumnThreads + slice_col;  // float4 column of the row
+  const int group = tid / Config::kColumnThreads;
   const float* lse_of = p.partial_lse + row;  // split s: lse_of[s * rows]
   const float4* out_of = reinterpret_cast<const float4*>(p.partial_out + row * kHeadSizeV) + col;  // [s * rows * 128]
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -62,7 +69,7 @@ __global__ void __launch_bounds__(CombineConfig<kSplitGroups>::kThreads, Combine
     for (int k = 0; k < kLoads; ++k) {
       const int s = first + k * kSplitGroups;
       const bool in = s < p.num_splits;
-      v[k] = in ? out_of[s * rows * kCombineColumnThreads] : make_float4(0.f, 0.f, 0.f, 0.f);
+      v[k] = in ? out_of[s * rows * kFloat4PerRow] : make_float4(0.f, 0.f, 0.f, 0.f);
       if constexpr (kHoldLse) v_lse[k] = in ? lse_of[s * rows] : -INFINITY;
     }
   };
@@ -78,7 +85,7 @@ __global__ void __launch_bounds__(CombineConfig<kSplitGroups>::kThreads, Combine
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(~0u, sum, o);
   const float lse = lse_max == -INFINITY ? -INFINITY : lse_max + logf(sum);
-  if (tid == 0) p.lse[static_cast<int64_t>(t) * p.lse_stride_t + static_cast<int64_t>(h) * p.lse_stride_h] = lse;
+  if (tid == 0 && blockIdx.y == 0) p.lse[static_cast<int64_t>(t) * p.lse_stride_t + static_cast<int64_t>(h) * p.lse_stride_h] = lse;
 
   // An empty split's partial is finite (zeros) with lse -inf: weight 0.
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -100,12 +107,12 @@ __global__ void __launch_bounds__(CombineConfig<kSplitGroups>::kThreads, Combine
     load_round(first);
   }
   if constexpr (kSplitGroups > 1) {
-    if (group > 0) s_acc[group - 1][col] = acc;
+    if (group > 0) s_acc[group - 1][slice_col] = acc;
     __syncthreads();
     if (group > 0) return;
 #pragma unroll
     for (int g = 0; g < kSplitGroups - 1; ++g) {
-      const float4 a = s_acc[g][col];
+      const float4 a = s_acc[g][slice_col];
       acc.x += a.x;
       acc.y += a.y;
       acc.z += a.z;

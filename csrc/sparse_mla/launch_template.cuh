@@ -81,12 +81,13 @@ cudaError_t launch_fwd(const SparseMlaFwdParams& p, cudaStream_t stream) {
   // The combine pass is launched as a programmatic dependent of the forward kernel where the GPU
   // has it (sm_90+): its blocks are scheduled while the forward kernel drains and wait in
   // griddepcontrol.wait for its results, which hides one launch latency (a few us at decode).
-  // Its layout was planned (api.cpp combine_split_groups): four thread groups over the splits
-  // at decode, one when the (token, head) rows fill the GPU.
+  // Its layout was planned (api.cpp combine_split_groups): at decode four thread groups over the
+  // splits and each (token, head) row in four blocks; one block per row when the rows fill the GPU.
   constexpr int kWide = kCombineDecodeSplitGroups;
   const bool wide = p.combine_split_groups == kWide;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(static_cast<int64_t>(p.num_tokens) * p.num_heads));
+  config.gridDim = dim3(static_cast<unsigned>(static_cast<int64_t>(p.num_tokens) * p.num_heads),
+                        wide ? CombineConfig<kWide>::kColumnSlices : CombineConfig<1>::kColumnSlices);
   config.blockDim = dim3(wide ? CombineConfig<kWide>::kThreads : CombineConfig<1>::kThreads);
   config.stream = stream;
   cudaLaunchAttribute attribute;
