@@ -9,8 +9,12 @@ Every cache format x D (512, 576) x 8 and 32 heads (one and two head groups): on
 top-k axis split across blocks and random masked slots, and three tokens in one block each with
 random topk_len; and, with 16-bit caches at 8 heads, a grid of two blocks per SM with random
 topk_len, which runs the one-stage kernels where an SM holds one two-stage block (sm_120, or any
-GPU with SPARSE_MLA_SM120_OCCUPANCY=1 set, as README says). Each launch is checked against the
-fp32 reference as in ``verify`` (``verify.run_case``). Needs a CUDA GPU and the built package; exit 1 if a case fails.
+GPU with SPARSE_MLA_SM120_OCCUPANCY=1 set, as README says). The split one-stage launches the
+planner makes there (more blocks than SMs, >= 16 tiles each: thousands of tiles) are left to
+memcheck; their shared memory is used as in the unsplit one-stage launch, and only the global
+destination of the epilogue differs, which the split two-stage launches here cover. Each launch is
+checked against the fp32 reference as in ``verify`` (``verify.run_case``). Needs a CUDA GPU and
+the built package; exit 1 if a case fails.
 """
 
 import torch

@@ -19,6 +19,12 @@ constexpr int kMaxBlockH = 16 * kMaxHeadGroups;
 
 int block_heads(int num_heads) { return 16 * head_groups_for(num_heads); }
 
+// Blocks of an unsplit launch: one per token and head block.
+int64_t unsplit_blocks(int num_tokens, int num_heads) {
+  const int bh = block_heads(num_heads);
+  return static_cast<int64_t>(num_tokens) * ((num_heads + bh - 1) / bh);
+}
+
 // Messages are built with std::string and std::to_string only: no iostreams in the host API,
 // whose state a host process (Python with its own libstdc++) may not share with this module.
 void append(std::string& s, const char* v) { s += v; }
@@ -201,8 +207,7 @@ SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int num_sms, int6
   if (num_tokens <= 0 || num_heads <= 0 || num_heads > kMaxNumHeads || topk <= 0 || topk > (1 << 30))
     return SplitPlan{1, topk > 0 ? static_cast<int>((static_cast<int64_t>(topk) + kBlockN - 1) / kBlockN) : 1};
   const int num_tiles = (topk + kBlockN - 1) / kBlockN;
-  const int bh = block_heads(num_heads);
-  const int64_t base_blocks = static_cast<int64_t>(num_tokens) * ((num_heads + bh - 1) / bh);
+  const int64_t base_blocks = unsplit_blocks(num_tokens, num_heads);
   SplitPlan best{1, num_tiles};
   if (num_sms <= 0 || num_tiles < 2) return best;
   // Partial results per split: [T, H, 512] + [T, H] fp32.
@@ -242,8 +247,7 @@ int combine_split_groups(int num_tokens, int num_heads, int num_splits, int num_
 }
 
 bool one_stage_plan(int num_tokens, int num_heads, const SplitPlan& plan, int num_sms) {
-  const int bh = block_heads(num_heads);
-  const int64_t blocks = static_cast<int64_t>(num_tokens) * ((num_heads + bh - 1) / bh) * plan.num_splits;
+  const int64_t blocks = unsplit_blocks(num_tokens, num_heads) * plan.num_splits;
   if (num_sms <= 0 || blocks <= num_sms) return false;
   return plan.tiles_per_split >= kOneStageMinTiles || (plan.num_splits == 1 && blocks >= 2 * int64_t{num_sms});
 }
@@ -395,8 +399,8 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   p.head_size = static_cast<int>(head_size);
   p.sm_scale_log2 = static_cast<float>(a.sm_scale * 1.4426950408889634);
   if (T > (int64_t{1} << 30) / ((H + 15) / 16)) fail("q.shape[0] (num_tokens) is too large");
-  // Only a launch that may split asks the device for its occupancies (CUDA calls).
-  const bool ask = blocks_per_sm != nullptr && workspace_bytes > 0 && T > 0;
+  // Occupancies are CUDA queries (cached per device): asked only for a launch.
+  const bool ask = blocks_per_sm != nullptr && T > 0;
   const auto occupancy = [&](bool one_stage) {
     return ask ? blocks_per_sm(dtype, format, p.head_size, p.num_heads, one_stage) : one_stage ? 0 : 1;
   };

@@ -62,7 +62,7 @@ using BlocksPerSmFn = int (*)(DType dtype, KvFormat format, int head_size, int n
 // throws ArgumentError naming the first bad one. `require_cuda`: all tensors on one CUDA device
 // (the kernel path); otherwise all on one device of any kind (the CPU reference path).
 // num_sms and blocks_per_sm (null: one block per SM, no one-stage variant) plan the split of the
-// top-k axis and the kernel variant (plan_fwd_splits; ignored without a workspace).
+// top-k axis (only with a workspace) and the kernel variant (plan_fwd_splits).
 SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& args, bool require_cuda, int num_sms,
                                        BlocksPerSmFn blocks_per_sm = nullptr);
 
@@ -104,8 +104,9 @@ constexpr bool one_stage_occupancy(int two_stage_blocks_per_sm, int one_stage_bl
 }
 
 // Whether `plan` (made at the one-stage occupancy) should run the one-stage kernel: some SM
-// gets two blocks, which hide each other's gathers, and either every block has at least
-// kOneStageMinTiles tiles or the grid is unsplit with two blocks for every SM. With sm_120's
+// gets two blocks, which hide each other's gathers, and either the plan's tiles_per_split is at
+// least kOneStageMinTiles (the last split, or a shorter topk_len, may have fewer) or the grid is
+// unsplit with two blocks for every SM. With sm_120's
 // occupancy on the H200 (SPARSE_MLA_SM120_OCCUPANCY=1): T = 1024 1.20-1.25x, T = 64 (4 splits
 // of 16-17 tiles) 1.11-1.19x; split plans of 2-8 tiles per block, which lose the second tile
 // a two-stage block prefetches, 0.85-0.96x (bench/NOTES.md v11).

@@ -32,8 +32,11 @@ struct CombineConfig {
   static constexpr int kThreads = kColumnThreads * kSplitGroups;
   static constexpr int kLoadsInFlight = kSplitGroups > 1 ? 16 : 8;  // splits per thread per round
   // G = 1: at least 8 blocks per SM (64 registers), so that a T = 64, H = 16 launch (1024 rows)
-  // is one wave on 128+ SMs.
-  static constexpr int kMinBlocksPerSm = kSplitGroups > 1 ? 1 : 8;
+  // is one wave on 128+ SMs. G = 4: the four blocks of a row per SM (128 registers; sm_120a
+  // took 138 and three blocks without the bound), so that up to num_sms rows are one wave.
+  static constexpr int kMinBlocksPerSm = kSplitGroups > 1 ? kColumnSlices : 8;
+  // Every warp reduces the lse values with full-warp shuffles: whole warps, over whole rows.
+  static_assert(kFloat4PerRow % kColumnSlices == 0 && kThreads % 32 == 0);
 };
 
 template <typename Element, int kSplitGroups>
@@ -49,7 +52,8 @@ __global__ void __launch_bounds__(CombineConfig<kSplitGroups>::kThreads, Combine
   const int tid = threadIdx.x;
   const int lane = tid % 32;
   const int slice_col = tid % Config::kColumnThreads;
-  const int col = blockIdx.y * Config::kColumnThreads + slice_col;  // float4 column of the row
+  const int slice = Config::kColumnSlices > 1 ? static_cast<int>(blockIdx.y) : 0;
+  const int col = slice * Config::kColumnThreads + slice_col;  // float4 column of the row
   const int group = tid / Config::kColumnThreads;
   const float* lse_of = p.partial_lse + row;  // split s: lse_of[s * rows]
   const float4* out_of = reinterpret_cast<const float4*>(p.partial_out + row * kHeadSizeV) + col;  // [s * rows * 128]
@@ -85,7 +89,7 @@ __global__ void __launch_bounds__(CombineConfig<kSplitGroups>::kThreads, Combine
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(~0u, sum, o);
   const float lse = lse_max == -INFINITY ? -INFINITY : lse_max + logf(sum);
-  if (tid == 0 && blockIdx.y == 0) p.lse[static_cast<int64_t>(t) * p.lse_stride_t + static_cast<int64_t>(h) * p.lse_stride_h] = lse;
+  if (tid == 0 && slice == 0) p.lse[static_cast<int64_t>(t) * p.lse_stride_t + static_cast<int64_t>(h) * p.lse_stride_h] = lse;
 
   // An empty split's partial is finite (zeros) with lse -inf: weight 0.
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);

@@ -255,12 +255,27 @@ TEST(SplitPlan, OneStagePlanOnlyWhereItDoublesTheBlocksPerSm) {
   }
 }
 
-int sm120_like_blocks_per_sm(DType, KvFormat, int, int, bool one_stage) { return one_stage ? 2 : 1; }
+// sm_120's occupancies as launch.h fwd_blocks_per_sm reports them: 16-head 16-bit kernels one
+// two-stage block per SM and two one-stage ones; the other configurations have no variant (0).
+int sm120_like_blocks_per_sm(DType, KvFormat format, int, int num_heads, bool one_stage) {
+  const bool variant = num_heads <= 16 && (format == KvFormat::kBFloat16 || format == KvFormat::kFloat16);
+  return one_stage ? (variant ? 2 : 0) : 1;
+}
 
 TEST(SplitPlan, LaunchPlanCarriesTheKernelVariant) {
   EXPECT_TRUE(plan_sparse_mla_fwd(good_args(1024), true, 132, &sm120_like_blocks_per_sm).params.one_stage);
-  EXPECT_TRUE(plan_sparse_mla_fwd(good_args(64), true, 132, &sm120_like_blocks_per_sm).params.one_stage);
+  const SparseMlaFwdParams t64 = plan_sparse_mla_fwd(good_args(64), true, 132, &sm120_like_blocks_per_sm).params;
+  EXPECT_TRUE(t64.one_stage);
+  EXPECT_EQ(t64.num_splits, 4);
   EXPECT_FALSE(plan_sparse_mla_fwd(good_args(4), true, 132, &sm120_like_blocks_per_sm).params.one_stage);
+  // 32 heads: no variant.
+  EXPECT_FALSE(plan_sparse_mla_fwd(good_args(1024, 32), true, 132, &sm120_like_blocks_per_sm).params.one_stage);
+  // Without a workspace nothing splits, but a grid of two blocks per SM still takes the variant.
+  SparseMlaFwdArgs no_workspace = good_args(1024);
+  no_workspace.workspace = TensorDesc{};
+  const SparseMlaFwdParams unsplit = plan_sparse_mla_fwd(no_workspace, true, 132, &sm120_like_blocks_per_sm).params;
+  EXPECT_EQ(unsplit.num_splits, 1);
+  EXPECT_TRUE(unsplit.one_stage);
   // Without the occupancy query: one block per SM, no variant.
   EXPECT_FALSE(plan_sparse_mla_fwd(good_args(1024), true, 132).params.one_stage);
 }
@@ -271,8 +286,10 @@ TEST(SplitPlan, WorkspaceCoversEveryPlan) {
     for (int T : {1, 2, 3, 7, 16, 64, 100}) {
       for (int H : {1, 8, 16, 32, 64, 128}) {
         for (int topk : {1, 100, 2048, 2176, 100000}) {
-          for (int blocks_per_sm : {1, 2, 4}) {
-            const SplitPlan p = plan_splits(T, H, topk, sms, int64_t{1} << 40, blocks_per_sm);
+          // (two-stage, one-stage) blocks per SM: one-stage plans at 2 and 3 (sm_120, sm_80).
+          for (const auto& [two, one] : {std::pair{1, 0}, std::pair{2, 0}, std::pair{4, 0}, std::pair{1, 2},
+                                         std::pair{1, 3}}) {
+            const SplitPlan p = plan_fwd_splits(T, H, topk, sms, int64_t{1} << 40, two, one);
             const int64_t need = int64_t{p.num_splits} * T * H * (512 + 1) * 4;
             EXPECT_LE(p.num_splits == 1 ? 0 : need, ws) << "sms " << sms << " T " << T << " H " << H << " topk " << topk;
             EXPECT_LE(p.num_splits, kMaxSplits);
