@@ -106,10 +106,10 @@ constexpr bool one_stage_occupancy(int two_stage_blocks_per_sm, int one_stage_bl
 // Whether `plan` (made at the one-stage occupancy) should run the one-stage kernel: some SM
 // gets two blocks, which hide each other's gathers, and either the plan's tiles_per_split is at
 // least kOneStageMinTiles (the last split, or a shorter topk_len, may have fewer) or the grid is
-// unsplit with two blocks for every SM. With sm_120's
-// occupancy on the H200 (SPARSE_MLA_SM120_OCCUPANCY=1): T = 1024 1.20-1.25x, T = 64 (4 splits
-// of 16-17 tiles) 1.11-1.19x; split plans of 2-8 tiles per block, which lose the second tile
-// a two-stage block prefetches, 0.85-0.96x (bench/NOTES.md v11).
+// unsplit with two blocks for every SM. With sm_120's occupancy on the H200
+// (SPARSE_MLA_SM120_OCCUPANCY=1): T = 64 (4 splits of 16-17 tiles) 1.11-1.19x, T = 256 and 1024
+// 1.20-1.25x (bench/NOTES.md v11, v12); split plans of 2-8 tiles per block, which lose the tile a
+// two-stage block prefetches, 0.85-0.96x (v11).
 bool one_stage_plan(int num_tokens, int num_heads, const SplitPlan& plan, int num_sms);
 constexpr int kOneStageMinTiles = 16;
 
