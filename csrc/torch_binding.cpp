@@ -209,7 +209,8 @@ int64_t fwd_blocks_per_sm(at::ScalarType dtype, const std::string& kv_cache_dtyp
   TORCH_CHECK_VALUE(head_size == sparse_mla::kHeadSizeNoPE || head_size == sparse_mla::kHeadSizeRoPE,
                     "head_size must be 512 or 576, got " + std::to_string(head_size));
   TORCH_CHECK_VALUE(num_heads >= 1 && num_heads <= sparse_mla::kMaxNumHeads,
-                    "num_heads must be in 1..128, got " + std::to_string(num_heads));
+                    "num_heads must be in 1.." + std::to_string(sparse_mla::kMaxNumHeads) + ", got " +
+                        std::to_string(num_heads));
   TORCH_CHECK_VALUE(device.is_cuda(), "device must be a CUDA device");
   const auto format = checked([&] { return sparse_mla::parse_kv_cache_dtype(kv_cache_dtype, TensorDesc{}); });
   const c10::cuda::CUDAGuard guard(device);

@@ -71,11 +71,12 @@ struct SparseMlaFwdTraits {
 
   // 16-bit cache rows are copied straight into shared memory with cp.async (two stages, one in
   // flight while the other is computed; one in the OneStage variant below); fp8 rows are loaded
-  // into registers one tile ahead and decoded on the way into shared memory. 32-head fp8 blocks (one per SM anyway) decode into a second stage at the end
-  // of the tile before, where it fits the ceiling (not fp8_ds_mla at D = 576); 16-head ones
-  // into their one stage between two barriers of their own, which keeps two of them on an
-  // sm_120 SM (with two stages, one: 0.64-0.96x at sm_120's occupancy; fp8_ds_mla at D = 576,
-  // one block either way, 0.91-0.94x; bench/NOTES.md v11).
+  // into registers one tile ahead and decoded on the way into shared memory. 32-head fp8 blocks
+  // (one per SM anyway) decode into a second stage at the end of the tile before, where it fits
+  // the ceiling (not fp8_ds_mla at D = 576); 16-head ones into their one stage between two
+  // barriers of their own, which keeps two of them on an sm_120 SM (with two stages, one:
+  // 0.64-0.96x at sm_120's occupancy; fp8_ds_mla at D = 576, one block either way, 0.91-0.94x;
+  // bench/NOTES.md v11).
   static constexpr bool kDirectCopy = kFormat == KvFormat::kBFloat16 || kFormat == KvFormat::kFloat16;
   static constexpr int kQParts = kQSplit ? 2 : 1;
   static constexpr int kPParts = kPSplit ? 2 : 1;
