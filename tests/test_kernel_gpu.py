@@ -65,6 +65,31 @@ def test_decode_combine_of_more_than_64_splits(num_heads):
     _check(verify.run_case(Case(head_size=576, num_heads=num_heads, topk=4352, num_tokens=1), torch.device("cuda")))
 
 
+@pytest.mark.parametrize("num_heads", [16, 64])
+@pytest.mark.parametrize("head_size", [512, 576])
+def test_fp8_e4m3_raw_and_decoded_tile_kernels(head_size, num_heads):
+    """fp8_e4m3 runs its kernel of raw tiles (decoded per MMA fragment) where the grid has more
+    blocks than SMs, and the DecodedFp8 variant (each tile decoded once) in grids of one wave
+    (api.h decoded_fp8_plan) and always in 32-head blocks at D = 512 (kernel_traits.h): the
+    profiler must see each where it is planned, both with right values under random masks and
+    topk_len, q strided or split."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    layout = "split_q" if head_size == 576 else "strided"
+    raw_tiles = num_heads <= 16 or head_size == 576
+    for num_tokens, raw in ((1, False), (7, False), (2 * sms, raw_tiles)):
+        for masking in ("random", "topk_len"):
+            case = Case(head_size=head_size, num_heads=num_heads, topk=512, num_tokens=num_tokens,
+                        kv_cache_dtype="fp8_e4m3", masking=masking, layout=layout)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                result = verify.run_case(case, torch.device("cuda"))
+            _check(result)
+            names = {e.name for e in prof.events() if "sparse_mla_fwd_kernel" in e.name}
+            want = "true>" if raw else "false>"  # the traits' last argument, kFp8RawTiles
+            assert names and all(want in n for n in names), (case.label(), names)
+
+
 def test_fwd_blocks_per_sm():
     """The occupancies the split planner plans with, through its op: every head count of one
     block size gets its block's count, a 16-head block (128 threads, <= 87 KB) at least as many
@@ -90,7 +115,7 @@ def test_fwd_blocks_per_sm():
 def test_sm120_occupancy_emulation(same_package_env):
     """SPARSE_MLA_SM120_OCCUPANCY=1 (launch_template.cuh): the planner's occupancies become an
     sm_120 SM's (16-head kernels: fp8_ds_mla at D = 576, 52,992 bytes, one block; fp8_e4m3 at
-    D = 512, 44,032 bytes, two; bf16 at D = 576 and fp16 at D = 512 with two stages, 86,912 and
+    D = 512, 44,672 bytes, two; bf16 at D = 576 and fp16 at D = 512 with two stages, 86,912 and
     77,440 bytes, one; their one-stage variants, 49,408 and 45,312 bytes, two), and every kernel
     class still launches, asking for about 2.3x its shared memory on an sm_90 (at most 221 KB),
     and gives right values: bf16, fp16 and both fp8 caches, 16 and 32 heads, D 512 and 576,
@@ -123,7 +148,7 @@ def test_sm120_occupancy_emulation(same_package_env):
         "                        torch.device('cuda'))\n"
         "    return sorted({e.name for e in prof.events() if 'sparse_mla_' in e.name})\n"
         "split, unsplit = kernels(64, 2048), kernels(two_per_sm, 64)\n"
-        "one_stage = [any(', 1, 1>' in n for n in k) for k in (split, unsplit)]\n"
+        "one_stage = [any(', 1, 1, true>' in n for n in k) for k in (split, unsplit)]\n"
         "combined = any('combine' in n for n in split)\n"
         "print('occupancy', occupancy, 'failed', bad, 'kernels', split, unsplit)\n"
         "sys.exit(0 if occupancy == [1, 2, 1, 1, 0, 0, 2, 2] and not bad and one_stage == [True, True]\n"

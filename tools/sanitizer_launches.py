@@ -7,9 +7,12 @@ big for them):
 
 Every cache format x D (512, 576) x 8 and 32 heads (one and two head groups): one token with the
 top-k axis split across blocks and random masked slots, and three tokens in one block each with
-random topk_len; and, with 16-bit caches at 8 heads, a grid of two blocks per SM with random
-topk_len, which runs the one-stage kernels where an SM holds one two-stage block (sm_120, or any
-GPU with SPARSE_MLA_SM120_OCCUPANCY=1 set, as README says). The split one-stage launches the
+random topk_len (for fp8_e4m3 these one-wave grids run the kernel that decodes each tile once);
+and, with 16-bit caches at 8 heads and fp8_e4m3 at 8 and 32, a grid of two blocks per SM with
+random topk_len, which runs the fp8_e4m3 kernels of raw tiles (not 32 heads at D = 512, which
+always decode each tile once) and the 16-bit one-stage kernels
+where an SM holds one two-stage block (sm_120, or any GPU with SPARSE_MLA_SM120_OCCUPANCY=1 set,
+as README says). The split one-stage launches the
 planner makes there (more blocks than SMs, >= 16 tiles each: thousands of tiles) are left to
 memcheck; their shared memory is used as in the unsplit one-stage launch, and only the global
 destination of the epilogue differs, which the split two-stage launches here cover. Each launch is
@@ -27,12 +30,13 @@ def main() -> int:
     two_blocks_per_sm = 2 * torch.cuda.get_device_properties(device).multi_processor_count + 8
     shapes = [(num_heads, num_tokens, topk, masking) for num_heads in (8, 32)
               for num_tokens, topk, masking in ((1, 200, "random"), (3, 96, "topk_len"))]
+    many_blocks = {"bf16": (8,), "fp16": (8,), "fp8_e4m3": (8, 32), "fp8_ds_mla": ()}
     failed = [
         case.label()
         for kv_cache_dtype in ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla")
         for head_size in (512, 576)
         for num_heads, num_tokens, topk, masking in
-        shapes + ([(8, two_blocks_per_sm, 96, "topk_len")] if kv_cache_dtype in ("bf16", "fp16") else [])
+        shapes + [(h, two_blocks_per_sm, 96, "topk_len") for h in many_blocks[kv_cache_dtype]]
         for case in [cases.Case(head_size=head_size, num_heads=num_heads, topk=topk, num_tokens=num_tokens,
                                 kv_cache_dtype=kv_cache_dtype, masking=masking)]
         if not verify.run_case(case, device).passed

@@ -252,6 +252,10 @@ bool one_stage_plan(int num_tokens, int num_heads, const SplitPlan& plan, int nu
   return plan.tiles_per_split >= kOneStageMinTiles || (plan.num_splits == 1 && blocks >= 2 * int64_t{num_sms});
 }
 
+bool decoded_fp8_plan(int num_tokens, int num_heads, const SplitPlan& plan, int num_sms) {
+  return num_sms > 0 && unsplit_blocks(num_tokens, num_heads) * plan.num_splits <= num_sms;
+}
+
 SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
                           int blocks_per_sm, int one_stage_blocks_per_sm) {
   if (one_stage_occupancy(blocks_per_sm, one_stage_blocks_per_sm)) {
@@ -409,6 +413,7 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   p.num_splits = split.num_splits;
   p.tiles_per_split = split.tiles_per_split;
   p.one_stage = split.one_stage;
+  p.decoded_fp8 = format == KvFormat::kFp8E4m3 && decoded_fp8_plan(p.num_tokens, p.num_heads, split, num_sms);
   p.combine_split_groups = combine_split_groups(p.num_tokens, p.num_heads, p.num_splits, num_sms);
   if (p.num_splits > 1) {
     float* ws = static_cast<float*>(const_cast<void*>(a.workspace.data));

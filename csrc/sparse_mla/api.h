@@ -119,6 +119,13 @@ constexpr int kOneStageMinTiles = 16;
 SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
                           int blocks_per_sm, int one_stage_blocks_per_sm);
 
+// Whether an fp8_e4m3 launch of `plan` should run the kernel variant that decodes each tile once
+// into shared memory (kernel_traits.h DecodedFp8) rather than per MMA fragment: the grid is one
+// wave, at most one block per SM, where the raw tiles' extra conversions lengthen every tile
+// and their smaller shared-memory traffic does not pay (T = 1, 4, 16: 0.81-0.95x with raw tiles;
+// T >= 64 at 16 heads 1.07-1.30x; bench/NOTES.md v13). False when num_sms is unknown (<= 0).
+bool decoded_fp8_plan(int num_tokens, int num_heads, const SplitPlan& plan, int num_sms);
+
 // Workspace bytes that cover every split plan on a device with num_sms SMs.
 int64_t workspace_size(int num_sms);
 

@@ -18,8 +18,11 @@ constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 
 // QElement: q / out type. kFormat: cache row format. kHeadDim: D (512 or 576). kHeadGroups:
 // groups of 16 heads per block. kCopyStages: cp.async stages of a 16-bit cache (2; 1 only for
-// the 16-head variant that api.h plan_fwd_splits picks).
-template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2>
+// the 16-head variant that api.h plan_fwd_splits picks). kFp8RawTiles: fp8_e4m3 tiles stay raw
+// in shared memory (false for the variant api.h decoded_fp8_plan picks, and always for 32-head
+// blocks at D = 512, which ran 0.94-1.00x with raw tiles at every T on the H200; v13).
+template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2,
+          bool kFp8RawTiles_ = kFormat_ != KvFormat::kFp8E4m3 || kHeadGroups_ == 1 || kHeadDim_ == kHeadSizeRoPE>
 struct SparseMlaFwdTraits {
   using QElement = QElement_;
   static constexpr KvFormat kFormat = kFormat_;
@@ -69,15 +72,21 @@ struct SparseMlaFwdTraits {
   static_assert(kLatentStepsPerWarp * 16 == kDsMlaTile && kDvPerWarp == kDsMlaTile,
                 "a warp's latent columns must be one fp8_ds_mla scale tile");
 
-  // 16-bit cache rows are copied straight into shared memory with cp.async (two stages, one in
-  // flight while the other is computed; one in the OneStage variant below); fp8 rows are loaded
-  // into registers one tile ahead and decoded on the way into shared memory. 32-head fp8 blocks
-  // (one per SM anyway) decode into a second stage at the end of the tile before, where it fits
-  // the ceiling (not fp8_ds_mla at D = 576); 16-head ones into their one stage between two
-  // barriers of their own, which keeps two of them on an sm_120 SM (with two stages, one:
-  // 0.64-0.96x at sm_120's occupancy; fp8_ds_mla at D = 576, one block either way, 0.91-0.94x;
-  // bench/NOTES.md v11).
-  static constexpr bool kDirectCopy = kFormat == KvFormat::kBFloat16 || kFormat == KvFormat::kFloat16;
+  // 16-bit cache rows and fp8_e4m3 rows are copied straight into shared memory with cp.async
+  // (two stages, one in flight while the other is computed; one in the 16-bit OneStage variant
+  // below). fp8_e4m3 tiles stay raw there, one byte per value, and are decoded per MMA fragment
+  // as the S and P V phases read them: half the shared-memory traffic of a decoded tile, which
+  // bound the 16-head fp8 kernels (ncu, bench/NOTES.md v12), for 1.9x (16 heads) or 3.8x
+  // (32 heads) the conversions; in launches of one wave of blocks, each alone on its SM, those
+  // cost more than they save (bench/NOTES.md v13), and the DecodedFp8 variant below runs there
+  // (32-head blocks at D = 512: always; kFp8RawTiles above).
+  // Other fp8 rows (fp8_ds_mla, and fp8_e4m3 in that variant) are loaded into registers one
+  // tile ahead and decoded on the way into shared memory; 32-head blocks (one per SM anyway)
+  // decode into a second stage at the end of the tile before, where it fits the ceiling (not
+  // fp8_ds_mla at D = 576), 16-head ones into their one stage between two barriers of their
+  // own, which keeps two of them on an sm_120 SM (bench/NOTES.md v11).
+  static constexpr bool kRawFp8 = kFormat == KvFormat::kFp8E4m3 && kFp8RawTiles_;
+  static constexpr bool kDirectCopy = kFormat == KvFormat::kBFloat16 || kFormat == KvFormat::kFloat16 || kRawFp8;
   static constexpr int kQParts = kQSplit ? 2 : 1;
   static constexpr int kPParts = kPSplit ? 2 : 1;
   // P copies per head group: one per warp's column tile for fp8_ds_mla (its scales folded in).
@@ -85,11 +94,13 @@ struct SparseMlaFwdTraits {
 
   // Rows padded by 16 bytes: ldmatrix reads 8 rows at one column, and a row pitch that is an
   // odd multiple of 16 bytes (mod 128) puts those rows in 8 different bank groups.
-  static constexpr int kSmemPitch = kHeadDim + 8;  // elements
+  static constexpr int kSmemPitch = kHeadDim + 8;  // elements of a decoded or 16-bit row
+  static constexpr int kSmemRowBytes = kRawFp8 ? kHeadDim + 16 : kSmemPitch * 2;
+  static_assert((kSmemRowBytes / 16) % 2 == 1);
   static constexpr int kSPitch = kBlockN + 4;      // fp32 scores
   static constexpr int kPPitch = kBlockN + 8;      // probabilities, Element
 
-  static constexpr int kSmemKVStageBytes = kBlockN * kSmemPitch * 2;
+  static constexpr int kSmemKVStageBytes = kBlockN * kSmemRowBytes;
   static constexpr int kSmemSPartElems = 16 * kSPitch;
   static constexpr int kSmemPBufferElems = 16 * kPPitch;
   // Shared memory per stage (tile, valid flags, fp8_ds_mla scales) and the rest.
@@ -98,11 +109,14 @@ struct SparseMlaFwdTraits {
                                        2 * kBlockH * 4 + (kDsMla ? kHeadGroups * kBlockN * 4 * 4 : 0);
   static constexpr int kStages =
       kDirectCopy ? kCopyStages_ : (kHeadGroups == 2 && kSmemUnstaged + 2 * kSmemPerStage <= kSmemBudgetBytes) ? 2 : 1;
-  static_assert(kCopyStages_ == 2 || (kCopyStages_ == 1 && kDirectCopy && kHeadGroups == 1));
   // A 16-head 16-bit block of one stage (86.9 KB at D = 576 with two: one per sm_120 SM; 49.4 KB
   // with one: two), whose gather is not prefetched but hides behind the other block's MMAs.
-  static constexpr bool kHasOneStageVariant = kDirectCopy && kHeadGroups == 1 && kCopyStages_ == 2;
+  static constexpr bool kHasOneStageVariant = kDirectCopy && !kRawFp8 && kHeadGroups == 1 && kCopyStages_ == 2;
+  static_assert(kCopyStages_ == 2 || (kCopyStages_ == 1 && kDirectCopy && !kRawFp8 && kHeadGroups == 1));
   using OneStage = SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, 1>;
+  static constexpr bool kHasDecodedFp8Variant = kRawFp8;
+  static_assert(kFp8RawTiles_ || kFormat == KvFormat::kFp8E4m3);
+  using DecodedFp8 = SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, kCopyStages_, false>;
 
   static constexpr int kSmemKVOffset = 0;
   static constexpr int kSmemSOffset = kSmemKVOffset + kStages * kSmemKVStageBytes;  // [g][w][16][pitch]

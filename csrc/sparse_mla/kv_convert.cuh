@@ -1,7 +1,7 @@
-// fp8 cache rows (e4m3 with a per-tensor scale, and vLLM's 656-byte fp8_ds_mla record): loaded
-// into registers one tile ahead, decoded into shared memory as fp16 (the MMA type of every fp8
-// configuration, kernel_traits.h). e4m3 values are exactly representable in fp16, so decoding is
-// exact; the kernel applies the scales in fp32.
+// fp8 cache values in fp16, the MMA type of every fp8 configuration (kernel_traits.h). e4m3
+// values are exactly representable in fp16, so decoding is exact; the kernel applies the scales
+// in fp32. Raw fp8_e4m3 tiles are decoded per MMA fragment (e4m3x2_to_half2); other fp8 rows are
+// loaded into registers one tile ahead and decoded into shared memory (Fp8RowLoader).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,19 +16,21 @@
 
 namespace sparse_mla {
 
-// 16 e4m3 values -> 16 fp16 (two 16-byte chunks), exactly. The e4m3x2 -> f16x2 step is one
-// hardware instruction on sm_89+ and a short integer sequence before that (cuda_fp8.h).
+// The two e4m3 values in the low 16 bits of `pair` (first in the low byte) -> fp16x2, exactly.
+// One hardware instruction on sm_89+, a short integer sequence before that (cuda_fp8.h).
+__device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t pair) {
+  const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
+  return *reinterpret_cast<const uint32_t*>(&h2);
+}
+
+// 16 e4m3 values -> 16 fp16 (two 16-byte chunks).
 __device__ __forceinline__ void e4m3x16_decode(uint4 raw, uint4& lo, uint4& hi) {
   const uint32_t in[4] = {raw.x, raw.y, raw.z, raw.w};
   uint32_t o[8];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(
-          static_cast<__nv_fp8x2_storage_t>((in[i] >> (16 * h)) & 0xffffu), __NV_E4M3);
-      o[2 * i + h] = *reinterpret_cast<const uint32_t*>(&h2);
-    }
+    o[2 * i] = e4m3x2_to_half2(in[i]);
+    o[2 * i + 1] = e4m3x2_to_half2(in[i] >> 16);
   }
   lo = make_uint4(o[0], o[1], o[2], o[3]);
   hi = make_uint4(o[4], o[5], o[6], o[7]);
@@ -39,7 +41,7 @@ __device__ __forceinline__ void e4m3x16_decode(uint4 raw, uint4& lo, uint4& hi) 
 template <typename Traits>
 struct Fp8RowLoader {
   static constexpr KvFormat kFormat = Traits::kFormat;
-  static_assert(kFormat == KvFormat::kFp8E4m3 || kFormat == KvFormat::kFp8DsMla);
+  static_assert((kFormat == KvFormat::kFp8E4m3 && !Traits::kRawFp8) || kFormat == KvFormat::kFp8DsMla);
   using Element = typename Traits::Element;
   static_assert(std::is_same_v<Element, __half>, "fp8 rows are decoded into fp16 (kernel_traits.h)");
   static constexpr int kD = Traits::kHeadDim;

@@ -122,6 +122,9 @@ cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream)
   if constexpr (Traits::kHasOneStageVariant) {
     if (p.one_stage) return launch_fwd<typename Traits::OneStage>(p, stream);
   }
+  if constexpr (Traits::kHasDecodedFp8Variant) {
+    if (p.decoded_fp8) return launch_fwd<typename Traits::DecodedFp8>(p, stream);
+  }
   return launch_fwd<Traits>(p, stream);
 }
 

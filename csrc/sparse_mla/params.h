@@ -49,6 +49,9 @@ struct SparseMlaFwdParams {
   // Planned for the one-stage 16-head 16-bit kernel (api.h plan_fwd_splits), which the launch
   // then runs. Read by the launch only.
   bool one_stage;
+  // fp8_e4m3: run the variant that decodes each tile once into shared memory instead of the one
+  // with raw tiles (kernel_traits.h DecodedFp8; api.h decoded_fp8_plan). Read by the launch only.
+  bool decoded_fp8;
 };
 
 constexpr int kCombineDecodeSplitGroups = 4;

@@ -7,7 +7,8 @@
 //   2. online softmax 8 threads per head sum the 4 partial scores of 4 rows (base 2, fp32).
 //   3. O += P V       each warp: 16 heads x 128 columns, K-dim = 32 rows, V = the first 512
 //                     columns of the same shared tile.
-// A masked slot is zero-filled without a read and its score forced to -inf.
+// A masked slot is zero-filled without a read and its score forced to -inf. fp8_e4m3 tiles stay
+// raw in shared memory and are decoded per MMA fragment in phases 1 and 3 (kernel_traits.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -99,7 +100,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   constexpr int kWpg = Traits::kWarpsPerGroup;
 
   extern __shared__ __align__(128) uint8_t smem[];
-  Element* sKV = reinterpret_cast<Element*>(smem + Traits::kSmemKVOffset);
+  Element* sKV = reinterpret_cast<Element*>(smem + Traits::kSmemKVOffset);  // 16-bit or decoded fp8 tiles
+  uint8_t* sKV_raw = smem + Traits::kSmemKVOffset;  // [stage][kBlockN][kSmemRowBytes], any format
   float* sS = reinterpret_cast<float*>(smem + Traits::kSmemSOffset);      // [g][w][16][pitch]
   Element* sP = reinterpret_cast<Element*>(smem + Traits::kSmemPOffset);  // [g][buffer][16][pitch]
   float* sAlpha = reinterpret_cast<float*>(smem + Traits::kSmemStatsOffset);
@@ -171,9 +173,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       const uint8_t* row = p.kv + (valid ? static_cast<int64_t>(r) : 0) * p.kv_row_stride;
       if constexpr (Traits::kDirectCopy) {
         const int row_in_tile = g_row + i * kGatherRowStride;
-        Element* dst = sKV + stage * (kBlockN * kPitch) + row_in_tile * kPitch;
+        uint8_t* dst = sKV_raw + stage * Traits::kSmemKVStageBytes + row_in_tile * Traits::kSmemRowBytes;
+        constexpr int kRowChunks = kv_row_bytes(Traits::kFormat, kD) / 16;
 #pragma unroll
-        for (int c = g_sub; c < kD / 8; c += kGatherTpr) cp_async_16(dst + c * 8, row + c * 16, valid);
+        for (int c = g_sub; c < kRowChunks; c += kGatherTpr) cp_async_16(dst + c * 16, row + c * 16, valid);
         if (g_sub == 0) sValid[stage * kBlockN + row_in_tile] = valid;
       } else {
         loader.load(row, valid, g_sub);
@@ -187,7 +190,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     issue_rows(next_row, tile, stage);
     load_rows(tile + 1, next_row);
   };
-  auto store_tile = [&](int stage) {  // fp8 path: decode the tile held in registers
+  auto store_tile = [&](int stage) {  // fp8 register path: decode the tile held in registers
     if constexpr (!Traits::kDirectCopy) {
       loader.store(sKV + stage * (kBlockN * kPitch) + g_row * kPitch, sScale + (stage * kBlockN + g_row) * 4, g_sub);
       if (g_sub == 0) sValid[stage * kBlockN + g_row] = loader.valid;
@@ -209,7 +212,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 
   // Q as m16n8k16 A fragments of this warp's 16 heads and k-steps, in registers for the whole
   // kernel: (a0, a1, a2, a3) = rows (r, r + 8) x column pairs (c, c + 8), r = lane / 4,
-  // c = 2 (lane % 4). Heads past num_heads are zeros.
+  // c = 2 (lane % 4); with raw fp8 tiles the k-step's columns are permuted to match their B
+  // fragments: pairs (c, c + 2) with c = 4 (lane % 4). Heads past num_heads are zeros.
   uint32_t q_frag[kSteps][kQParts][4];
   {
     const QElement* qn[2];
@@ -229,7 +233,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int rr = i & 1;
-        const int c = step_col(s) + (lane % 4) * 2 + (i >> 1) * 8;
+        const int c = step_col(s) + (Traits::kRawFp8 ? (lane % 4) * 4 + (i >> 1) * 2 : (lane % 4) * 2 + (i >> 1) * 8);
         const QElement* src = c < p.q_nope_dim ? qn[rr] + c : qp[rr] + (c - p.q_nope_dim);
         const uint32_t raw = ok[rr] ? __ldg(reinterpret_cast<const uint32_t*>(src)) : 0u;
         if constexpr (!Traits::kQConvert) {
@@ -293,6 +297,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       }
     }
     const Element* sK = sKV + stage * (kBlockN * kPitch);
+    const uint8_t* sK_bytes = sKV_raw + stage * Traits::kSmemKVStageBytes;  // raw fp8 tiles
     const float* sScaleK = sScale + stage * (kBlockN * 4);
 
     // 1. Partial S = Q K^T over this warp's k-steps, all 32 rows. fp8_ds_mla: the latent part is
@@ -303,6 +308,20 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       const Element* k_base = sK + ((lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) & 1) * 8;
 #pragma unroll
       for (int s = 0; s < kSteps; ++s) {
+        if constexpr (Traits::kRawFp8) {
+          // Matrix nt = keys 8 nt.., the step's 16 bytes read as 8 b16: thread (n = lane / 4,
+          // j = lane % 4) gets bytes 4j .. 4j + 3 of key 8 nt + n, k-steps (2j, 2j + 1) and
+          // (2j + 8, 2j + 9) in Q's permuted order.
+          uint32_t r[4];
+          ldmatrix_x4(r, sK_bytes + lane * Traits::kSmemRowBytes + step_col(s));
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+            for (int part = 0; part < kQParts; ++part)
+              mma_16816<Element>(acc_s[nt], q_frag[s][part], e4m3x2_to_half2(r[nt]), e4m3x2_to_half2(r[nt] >> 16));
+          }
+          continue;
+        }
         uint32_t b[2][4];
         ldmatrix_x4(b[0], k_base + step_col(s));
         ldmatrix_x4(b[1], k_base + 16 * kPitch + step_col(s));
@@ -430,16 +449,41 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 #pragma unroll
         for (int part = 0; part < kPParts; ++part)
           ldmatrix_x4(a[part], p_base + part * Traits::kSmemPBufferElems + kk * 16);
-        const Element* v_base = sK + (kk * 16 + (lane % 8) + ((lane >> 3) & 1) * 8) * kPitch +
-                                wq * Traits::kDvPerWarp + (lane >> 4) * 8;
+        const int v_row = kk * 16 + (lane % 8) + ((lane >> 3) & 1) * 8;
+        if constexpr (Traits::kRawFp8) {
+          // Matrices (keys 0-7, 8-15) x (bytes 0-15, 16-31) of each 32 columns, transposed as b16:
+          // thread (n = lane / 4, j = lane % 4) gets bytes 2n, 2n + 1 of keys 2j and 2j + 1 (of
+          // 8 more). Its even bytes are the B fragment of n-tile "even columns", the odd ones of
+          // "odd columns": acc_o[2 b + odd] holds columns 16 b + 2 n' + odd (the epilogue's order).
+          const uint8_t* v_base = sK_bytes + v_row * Traits::kSmemRowBytes + wq * Traits::kDvPerWarp + (lane >> 4) * 16;
 #pragma unroll
-        for (int n2 = 0; n2 < Traits::kDvPerWarp / 16; ++n2) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, v_base + n2 * 16);
+          for (int n4 = 0; n4 < Traits::kDvPerWarp / 32; ++n4) {
+            uint32_t r[4];
+            ldmatrix_x4_trans(r, v_base + n4 * 32);
 #pragma unroll
-          for (int part = 0; part < kPParts; ++part) {
-            mma_16816<Element>(acc_o[2 * n2], a[part], b[0], b[1]);
-            mma_16816<Element>(acc_o[2 * n2 + 1], a[part], b[2], b[3]);
+            for (int c = 0; c < 2; ++c) {
+#pragma unroll
+              for (int odd = 0; odd < 2; ++odd) {
+                const uint32_t select = odd ? 0x31u : 0x20u;  // bytes (odd, 2 + odd)
+                const uint32_t b0 = e4m3x2_to_half2(__byte_perm(r[2 * c], 0u, select));
+                const uint32_t b1 = e4m3x2_to_half2(__byte_perm(r[2 * c + 1], 0u, select));
+#pragma unroll
+                for (int part = 0; part < kPParts; ++part)
+                  mma_16816<Element>(acc_o[2 * (2 * n4 + c) + odd], a[part], b0, b1);
+              }
+            }
+          }
+        } else {
+          const Element* v_base = sK + v_row * kPitch + wq * Traits::kDvPerWarp + (lane >> 4) * 8;
+#pragma unroll
+          for (int n2 = 0; n2 < Traits::kDvPerWarp / 16; ++n2) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, v_base + n2 * 16);
+#pragma unroll
+            for (int part = 0; part < kPParts; ++part) {
+              mma_16816<Element>(acc_o[2 * n2], a[part], b[0], b[1]);
+              mma_16816<Element>(acc_o[2 * n2 + 1], a[part], b[2], b[3]);
+            }
           }
         }
       }
@@ -491,19 +535,25 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     if (h >= p.num_heads) continue;
     const float l = sL[r];
     const float inv = l > 0.f ? tensor_scale * ds_norm / l : 0.f;
-    const int col0 = wq * Traits::kDvPerWarp + (lane % 4) * 2;
+    // Column pair n of this thread's row: its first column and its values (raw fp8 tiles:
+    // acc_o[2 b + odd][2 half + e] is column 16 b + 4 (lane % 4) + 2 e + odd, phase 3).
+    auto col = [&](int n) {
+      return wq * Traits::kDvPerWarp +
+             (Traits::kRawFp8 ? (n / 2) * 16 + (lane % 4) * 4 + (n % 2) * 2 : (lane % 4) * 2 + n * 8);
+    };
+    auto val = [&](int n, int e) {
+      return Traits::kRawFp8 ? acc_o[(n & ~1) + e][2 * half + n % 2] : acc_o[n][2 * half + e];
+    };
     if (p.num_splits == 1) {
       QElement* out = static_cast<QElement*>(p.out) + t * p.out_stride_t + static_cast<int64_t>(h) * p.out_stride_h;
 #pragma unroll
       for (int n = 0; n < Traits::kDvPerWarp / 8; ++n)
-        *reinterpret_cast<uint32_t*>(out + col0 + n * 8) =
-            pack2<QElement>(acc_o[n][2 * half] * inv, acc_o[n][2 * half + 1] * inv);
+        *reinterpret_cast<uint32_t*>(out + col(n)) = pack2<QElement>(val(n, 0) * inv, val(n, 1) * inv);
     } else {
       float* out = p.partial_out + ((static_cast<int64_t>(split) * p.num_tokens + t) * p.num_heads + h) * kHeadSizeV;
 #pragma unroll
       for (int n = 0; n < Traits::kDvPerWarp / 8; ++n)
-        *reinterpret_cast<float2*>(out + col0 + n * 8) =
-            make_float2(acc_o[n][2 * half] * inv, acc_o[n][2 * half + 1] * inv);
+        *reinterpret_cast<float2*>(out + col(n)) = make_float2(val(n, 0) * inv, val(n, 1) * inv);
     }
   }
 }

@@ -280,6 +280,28 @@ TEST(SplitPlan, LaunchPlanCarriesTheKernelVariant) {
   EXPECT_FALSE(plan_sparse_mla_fwd(good_args(1024), true, 132).params.one_stage);
 }
 
+TEST(SplitPlan, DecodedFp8KernelForGridsOfOneWave) {
+  // 132 SMs; 16 heads are one block per token, 64 heads two.
+  EXPECT_TRUE(decoded_fp8_plan(1, 16, {34, 2}, 132));     // T = 1: 34 blocks
+  EXPECT_TRUE(decoded_fp8_plan(16, 16, {8, 9}, 132));     // 128 blocks
+  EXPECT_TRUE(decoded_fp8_plan(64, 64, {1, 64}, 132));    // 128 blocks of 32 heads
+  EXPECT_TRUE(decoded_fp8_plan(132, 16, {1, 68}, 132));   // one per SM, however long
+  EXPECT_FALSE(decoded_fp8_plan(133, 16, {1, 68}, 132));  // a second wave
+  EXPECT_FALSE(decoded_fp8_plan(64, 16, {4, 17}, 132));   // 256 blocks: two per SM
+  EXPECT_FALSE(decoded_fp8_plan(1, 16, {34, 2}, 0));      // SM count unknown
+  // The launch plan sets it for fp8_e4m3 caches only.
+  auto e4m3 = [](int64_t T, int64_t H) {
+    SparseMlaFwdArgs a = good_args(T, H);
+    a.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 576}, 1);
+    a.kv_cache_dtype = "fp8_e4m3";
+    return plan_sparse_mla_fwd(a, true, 132).params.decoded_fp8;
+  };
+  EXPECT_TRUE(e4m3(1, 16));
+  EXPECT_TRUE(e4m3(16, 128));  // 4 head blocks x 16 tokens, 2 splits
+  EXPECT_FALSE(e4m3(1024, 16));
+  EXPECT_FALSE(plan_sparse_mla_fwd(good_args(1), true, 132).params.decoded_fp8);  // bf16
+}
+
 TEST(SplitPlan, WorkspaceCoversEveryPlan) {
   for (int sms : {20, 48, 84, 132, 188}) {
     const int64_t ws = workspace_size(sms);

@@ -1,5 +1,5 @@
-// GoogleTest of the tile configuration (csrc/sparse_mla/kernel_traits.h): where fp8 tiles get a
-// second decoded stage, and what that leaves of sm_120's occupancy.
+// GoogleTest of the tile configuration (csrc/sparse_mla/kernel_traits.h): the stages of each
+// cache format, fp8_e4m3's raw tiles, and what they leave of sm_120's occupancy.
 #include <gtest/gtest.h>
 
 #include "kernel_traits.h"
@@ -20,9 +20,9 @@ void expect_stages(int stages_16_heads, int stages_32_heads) {
   EXPECT_EQ(Group1::kStages, stages_16_heads) << "16 heads, D " << kHeadDim << ", format " << static_cast<int>(kFormat);
   EXPECT_EQ(Group2::kStages, stages_32_heads) << "32 heads, D " << kHeadDim << ", format " << static_cast<int>(kFormat);
   if constexpr (kFormat == KvFormat::kFp8E4m3 || kFormat == KvFormat::kFp8DsMla) {
-    // The 16-head fp8 kernels stay at one stage so that two blocks share an sm_120 SM (with two
-    // stages, one block: 0.64-0.96x, bench/NOTES.md v11); fp8_ds_mla at D = 576 gets one either
-    // way (and ran 0.91-0.94x with two stages).
+    // Two 16-head fp8 blocks share an sm_120 SM: fp8_e4m3's two raw stages are as small as
+    // fp8_ds_mla's one decoded stage (which stays at one: with two, one block, 0.64-0.96x,
+    // bench/NOTES.md v11); fp8_ds_mla at D = 576 gets one block either way.
     const bool two_fit = !(kFormat == KvFormat::kFp8DsMla && kHeadDim == kHeadSizeRoPE);
     EXPECT_EQ(sm120_blocks_by_smem<Group1>(), two_fit ? 2 : 1) << "D " << kHeadDim;
   }
@@ -30,16 +30,43 @@ void expect_stages(int stages_16_heads, int stages_32_heads) {
 
 }  // namespace
 
-TEST(KernelTraits, SixteenBitCachesCopyTwoStages) {
+TEST(KernelTraits, SixteenBitAndFp8E4m3CachesCopyTwoStages) {
   expect_stages<__nv_bfloat16, KvFormat::kBFloat16, 512>(2, 2);
   expect_stages<__nv_bfloat16, KvFormat::kBFloat16, 576>(2, 2);
   expect_stages<__half, KvFormat::kFloat16, 512>(2, 2);
   expect_stages<__half, KvFormat::kFloat16, 576>(2, 2);
+  expect_stages<__nv_bfloat16, KvFormat::kFp8E4m3, 512>(2, 2);
+  expect_stages<__half, KvFormat::kFp8E4m3, 576>(2, 2);
 }
 
-TEST(KernelTraits, Fp8DecodesIntoASecondStageOnlyIn32HeadBlocksThatFitIt) {
-  expect_stages<__nv_bfloat16, KvFormat::kFp8E4m3, 512>(1, 2);
-  expect_stages<__half, KvFormat::kFp8E4m3, 576>(1, 2);
+TEST(KernelTraits, Fp8E4m3TilesStayRawWithAConflictFreePitch) {
+  using E4m3 = SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 576, 1>;
+  static_assert(E4m3::kRawFp8 && E4m3::kDirectCopy);
+  EXPECT_EQ(E4m3::kSmemRowBytes, 592);  // 37 x 16 bytes: 8 rows of ldmatrix in 8 bank groups
+  EXPECT_EQ(E4m3::kSmemKVStageBytes, 32 * 592);
+  EXPECT_EQ((SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 512, 1>::kSmemRowBytes), 528);
+  static_assert(SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 576, 2>::kRawFp8);
+  // 32-head blocks at D = 512 always decode into shared memory, and have no variant.
+  using E4m3Glm32 = SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 512, 2>;
+  static_assert(!E4m3Glm32::kRawFp8 && !E4m3Glm32::kHasDecodedFp8Variant);
+  static_assert(!SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 1>::kRawFp8);
+  static_assert(!SparseMlaFwdTraits<__half, KvFormat::kBFloat16, 576, 1>::kRawFp8);
+}
+
+TEST(KernelTraits, Fp8E4m3HasADecodedTileVariantThatFitsTwicePerSm120Sm) {
+  using E4m3 = SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 576, 1>;
+  using Decoded = E4m3::DecodedFp8;
+  static_assert(E4m3::kHasDecodedFp8Variant && !Decoded::kRawFp8 && !Decoded::kDirectCopy);
+  static_assert(!Decoded::kHasDecodedFp8Variant && !Decoded::kHasOneStageVariant);
+  static_assert(!SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 1>::kHasDecodedFp8Variant);
+  static_assert(!SparseMlaFwdTraits<__half, KvFormat::kFloat16, 576, 1>::kHasDecodedFp8Variant);
+  EXPECT_EQ(Decoded::kStages, 1);
+  EXPECT_EQ((SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 576, 2>::DecodedFp8::kStages), 2);
+  EXPECT_EQ(sm120_blocks_by_smem<Decoded>(), 2);
+  EXPECT_EQ((sm120_blocks_by_smem<SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kFp8E4m3, 512, 1>::DecodedFp8>()), 2);
+}
+
+TEST(KernelTraits, Fp8DsMlaDecodesIntoASecondStageOnlyIn32HeadBlocksThatFitIt) {
   expect_stages<__half, KvFormat::kFp8DsMla, 512>(1, 2);
   // 32-head fp8_ds_mla at D = 576 would need 105,984 bytes with two stages.
   expect_stages<__nv_bfloat16, KvFormat::kFp8DsMla, 576>(1, 1);
