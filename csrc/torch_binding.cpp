@@ -103,9 +103,11 @@ void sparse_mla_fwd_cuda(const at::Tensor& q, const std::optional<at::Tensor>& q
                              sm_scale, topk, kv_cache_dtype);
   TORCH_CHECK_VALUE(q.is_cuda(), "q must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(q.device());
-  const int num_sms = at::cuda::getDeviceProperties(q.get_device())->multiProcessorCount;
-  const auto launch = checked(
-      [&] { return sparse_mla::plan_sparse_mla_fwd(args, true, num_sms, &sparse_mla::fwd_blocks_per_sm); });
+  const cudaDeviceProp* props = at::cuda::getDeviceProperties(q.get_device());
+  const auto launch = checked([&] {
+    return sparse_mla::plan_sparse_mla_fwd(args, true, props->multiProcessorCount, &sparse_mla::fwd_blocks_per_sm,
+                                           10 * props->major + props->minor);
+  });
   if (launch.empty) return;
   const cudaError_t err = sparse_mla::dispatch_sparse_mla_fwd(
       launch.params, launch.dtype, launch.format, at::cuda::getCurrentCUDAStream());

@@ -70,17 +70,19 @@ def test_decode_combine_of_more_than_64_splits(num_heads):
 def test_fp8_e4m3_raw_and_decoded_tile_kernels(head_size, num_heads):
     """fp8_e4m3 runs its kernel of raw tiles (decoded per MMA fragment) where the grid has more
     blocks than SMs, and the DecodedFp8 variant (each tile decoded once) in grids of one wave
-    (api.h decoded_fp8_plan) and always in 32-head blocks at D = 512 (kernel_traits.h): the
-    profiler must see each where it is planned, both with right values under random masks and
-    topk_len, q strided or split."""
+    (api.h decoded_fp8_plan), always in 32-head blocks at D = 512 (kernel_traits.h) and on GPUs
+    before sm_89: the profiler must see each where it is planned, both with right values under
+    random masks and topk_len, q strided or split. The one-wave launches have two tiles (topk 64:
+    unsplit, T x head blocks <= 14 blocks), the others 2 x SMs tokens of 16 tiles."""
     from torch.profiler import ProfilerActivity, profile
 
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    props = torch.cuda.get_device_properties(0)
+    sms = props.multi_processor_count
     layout = "split_q" if head_size == 576 else "strided"
-    raw_tiles = num_heads <= 16 or head_size == 576
-    for num_tokens, raw in ((1, False), (7, False), (2 * sms, raw_tiles)):
+    raw_tiles = (num_heads <= 16 or head_size == 576) and (props.major, props.minor) >= (8, 9)
+    for num_tokens, topk, raw in ((1, 64, False), (7, 64, False), (2 * sms, 512, raw_tiles)):
         for masking in ("random", "topk_len"):
-            case = Case(head_size=head_size, num_heads=num_heads, topk=512, num_tokens=num_tokens,
+            case = Case(head_size=head_size, num_heads=num_heads, topk=topk, num_tokens=num_tokens,
                         kv_cache_dtype="fp8_e4m3", masking=masking, layout=layout)
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 result = verify.run_case(case, torch.device("cuda"))

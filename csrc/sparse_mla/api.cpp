@@ -252,7 +252,8 @@ bool one_stage_plan(int num_tokens, int num_heads, const SplitPlan& plan, int nu
   return plan.tiles_per_split >= kOneStageMinTiles || (plan.num_splits == 1 && blocks >= 2 * int64_t{num_sms});
 }
 
-bool decoded_fp8_plan(int num_tokens, int num_heads, const SplitPlan& plan, int num_sms) {
+bool decoded_fp8_plan(int num_tokens, int num_heads, const SplitPlan& plan, int num_sms, int sm_version) {
+  if (sm_version > 0 && sm_version < kFp8ConvertSmVersion) return true;
   return num_sms > 0 && unsplit_blocks(num_tokens, num_heads) * plan.num_splits <= num_sms;
 }
 
@@ -274,7 +275,7 @@ int64_t workspace_size(int num_sms) {
 }
 
 SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_cuda, int num_sms,
-                                       BlocksPerSmFn blocks_per_sm) {
+                                       BlocksPerSmFn blocks_per_sm, int sm_version) {
   DeviceCheck same_device(require_cuda);
   // q (and q_pe): [T, H, D] or [T, H, 512] + [T, H, 64].
   require_defined(a.q, "q");
@@ -413,7 +414,8 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   p.num_splits = split.num_splits;
   p.tiles_per_split = split.tiles_per_split;
   p.one_stage = split.one_stage;
-  p.decoded_fp8 = format == KvFormat::kFp8E4m3 && decoded_fp8_plan(p.num_tokens, p.num_heads, split, num_sms);
+  p.decoded_fp8 =
+      format == KvFormat::kFp8E4m3 && decoded_fp8_plan(p.num_tokens, p.num_heads, split, num_sms, sm_version);
   p.combine_split_groups = combine_split_groups(p.num_tokens, p.num_heads, p.num_splits, num_sms);
   if (p.num_splits > 1) {
     float* ws = static_cast<float*>(const_cast<void*>(a.workspace.data));

@@ -63,8 +63,10 @@ using BlocksPerSmFn = int (*)(DType dtype, KvFormat format, int head_size, int n
 // (the kernel path); otherwise all on one device of any kind (the CPU reference path).
 // num_sms and blocks_per_sm (null: one block per SM, no one-stage variant) plan the split of the
 // top-k axis (only with a workspace) and the kernel variant (plan_fwd_splits).
+// sm_version: the device's compute capability as 10 x major + minor (0: unknown), for
+// decoded_fp8_plan.
 SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& args, bool require_cuda, int num_sms,
-                                       BlocksPerSmFn blocks_per_sm = nullptr);
+                                       BlocksPerSmFn blocks_per_sm = nullptr, int sm_version = 0);
 
 // Split of the top-k axis across blocks for a launch of num_tokens x num_heads (flash-decoding):
 // the split count that minimises a simple cost model (tiles per SM plus the combine pass, see
@@ -123,8 +125,12 @@ SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int topk, int num_sms, 
 // into shared memory (kernel_traits.h DecodedFp8) rather than per MMA fragment: the grid is one
 // wave, at most one block per SM, where the raw tiles' extra conversions lengthen every tile
 // and their smaller shared-memory traffic does not pay (T = 1, 4, 16: 0.81-0.95x with raw tiles;
-// T >= 64 at 16 heads 1.07-1.30x; bench/NOTES.md v13). False when num_sms is unknown (<= 0).
-bool decoded_fp8_plan(int num_tokens, int num_heads, const SplitPlan& plan, int num_sms);
+// T >= 64 at 16 heads 1.07-1.30x; bench/NOTES.md v13); or the device (sm_version, 10 x major +
+// minor) predates sm_89's e4m3 -> f16x2 instruction, where each of the raw path's twice as many
+// conversions is a software sequence (unmeasured there, so the decode-once kernel of v12 runs).
+// The one-wave rule needs num_sms > 0; sm_version 0 is unknown.
+bool decoded_fp8_plan(int num_tokens, int num_heads, const SplitPlan& plan, int num_sms, int sm_version = 0);
+constexpr int kFp8ConvertSmVersion = 89;
 
 // Workspace bytes that cover every split plan on a device with num_sms SMs.
 int64_t workspace_size(int num_sms);

@@ -17,10 +17,11 @@ constexpr int kMaxHeadGroups = 2;
 constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 
 // QElement: q / out type. kFormat: cache row format. kHeadDim: D (512 or 576). kHeadGroups:
-// groups of 16 heads per block. kCopyStages: cp.async stages of a 16-bit cache (2; 1 only for
-// the 16-head variant that api.h plan_fwd_splits picks). kFp8RawTiles: fp8_e4m3 tiles stay raw
-// in shared memory (false for the variant api.h decoded_fp8_plan picks, and always for 32-head
-// blocks at D = 512, which ran 0.94-1.00x with raw tiles at every T on the H200; v13).
+// groups of 16 heads per block. kCopyStages: cp.async stages of a 16-bit or raw fp8_e4m3 cache
+// (2; 1 only for the 16-head 16-bit variant that api.h plan_fwd_splits picks). kFp8RawTiles:
+// fp8_e4m3 tiles stay raw in shared memory (false for the variant api.h decoded_fp8_plan picks,
+// and always for 32-head blocks at D = 512, which ran 0.94-1.00x with raw tiles at every T on
+// the H200; bench/NOTES.md v13).
 template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2,
           bool kFp8RawTiles_ = kFormat_ != KvFormat::kFp8E4m3 || kHeadGroups_ == 1 || kHeadDim_ == kHeadSizeRoPE>
 struct SparseMlaFwdTraits {
@@ -76,7 +77,7 @@ struct SparseMlaFwdTraits {
   // (two stages, one in flight while the other is computed; one in the 16-bit OneStage variant
   // below). fp8_e4m3 tiles stay raw there, one byte per value, and are decoded per MMA fragment
   // as the S and P V phases read them: half the shared-memory traffic of a decoded tile, which
-  // bound the 16-head fp8 kernels (ncu, bench/NOTES.md v12), for 1.9x (16 heads) or 3.8x
+  // bound the 16-head fp8 kernels (ncu, bench/NOTES.md v12), for 1.9-2x (16 heads) or 3.8-4x
   // (32 heads) the conversions; in launches of one wave of blocks, each alone on its SM, those
   // cost more than they save (bench/NOTES.md v13), and the DecodedFp8 variant below runs there
   // (32-head blocks at D = 512: always; kFp8RawTiles above).
@@ -96,7 +97,7 @@ struct SparseMlaFwdTraits {
   // odd multiple of 16 bytes (mod 128) puts those rows in 8 different bank groups.
   static constexpr int kSmemPitch = kHeadDim + 8;  // elements of a decoded or 16-bit row
   static constexpr int kSmemRowBytes = kRawFp8 ? kHeadDim + 16 : kSmemPitch * 2;
-  static_assert((kSmemRowBytes / 16) % 2 == 1);
+  static_assert(kSmemRowBytes % 16 == 0 && (kSmemRowBytes / 16) % 2 == 1);
   static constexpr int kSPitch = kBlockN + 4;      // fp32 scores
   static constexpr int kPPitch = kBlockN + 8;      // probabilities, Element
 

@@ -277,8 +277,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 
   // Per tile: barrier (tile landed; every warp is past the previous tile, so its stage, sS, sP
   // and sScaleP are free), S, barrier, softmax, barrier, P V. With two stages one tile is in
-  // flight while one is computed; with one (fp8: the next tile waits in registers; 16-bit: the
-  // one-stage variant) the stage is refilled behind one more barrier.
+  // flight while one is computed; with one (fp8 register path: the next tile waits in registers;
+  // 16-bit: the one-stage variant) the stage is refilled behind one more barrier.
   for (int it = 0; it < num_tiles; ++it) {
     const int stage = it % kStages;
     if constexpr (Traits::kDirectCopy) {
@@ -312,6 +312,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           // Matrix nt = keys 8 nt.., the step's 16 bytes read as 8 b16: thread (n = lane / 4,
           // j = lane % 4) gets bytes 4j .. 4j + 3 of key 8 nt + n, k-steps (2j, 2j + 1) and
           // (2j + 8, 2j + 9) in Q's permuted order.
+          static_assert(kBlockN == 32, "lane l addresses key l of the tile");
           uint32_t r[4];
           ldmatrix_x4(r, sK_bytes + lane * Traits::kSmemRowBytes + step_col(s));
 #pragma unroll
@@ -496,8 +497,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         cp_async_commit();
       }
     } else if constexpr (!Traits::kDirectCopy && kStages == 2) {
-      // fp8, two stages: tile it + 1 (loaded a tile ago) into the stage of tile it - 1, which
-      // every warp left before this tile's first barrier; the next one publishes it.
+      // fp8 register path, two stages: tile it + 1 (loaded a tile ago) into the stage of tile
+      // it - 1, which every warp left before this tile's first barrier; the next one publishes it.
       if (it + 1 < num_tiles) {
         store_tile((it + 1) % kStages);
         issue_tile(it + 2, 0);

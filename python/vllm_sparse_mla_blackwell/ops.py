@@ -123,7 +123,10 @@ def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, n
     those of the configuration's one-stage variant (16-head 16-bit caches only; 0 for the
     others). The split planner plans with these counts: a launch runs the one-stage kernel where
     an SM holds one two-stage block but two one-stage ones and the plan suits it
-    (csrc/sparse_mla/api.h ``plan_fwd_splits``). With ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the
+    (csrc/sparse_mla/api.h ``plan_fwd_splits``). For ``"fp8_e4m3"`` the count is that of the
+    kernel with raw tiles, which the planned launches of more than one block per SM run (its
+    decode-once variant runs grids of one wave; api.h ``decoded_fp8_plan``). With
+    ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the
     environment of the process, the counts an sm_120 SM would give (README). Raises
     ``ValueError`` for any other value and ``RuntimeError`` without the op library."""
     device = _cuda_device(device)

@@ -289,6 +289,10 @@ TEST(SplitPlan, DecodedFp8KernelForGridsOfOneWave) {
   EXPECT_FALSE(decoded_fp8_plan(133, 16, {1, 68}, 132));  // a second wave
   EXPECT_FALSE(decoded_fp8_plan(64, 16, {4, 17}, 132));   // 256 blocks: two per SM
   EXPECT_FALSE(decoded_fp8_plan(1, 16, {34, 2}, 0));      // SM count unknown
+  // Before sm_89 the e4m3 conversion is a software sequence: always decode once.
+  EXPECT_TRUE(decoded_fp8_plan(64, 16, {4, 17}, 132, 86));
+  EXPECT_TRUE(decoded_fp8_plan(64, 16, {4, 17}, 0, 80));
+  for (int sm : {89, 90, 120, 121, 0}) EXPECT_FALSE(decoded_fp8_plan(64, 16, {4, 17}, 132, sm)) << sm;
   // The launch plan sets it for fp8_e4m3 caches only.
   auto e4m3 = [](int64_t T, int64_t H) {
     SparseMlaFwdArgs a = good_args(T, H);
@@ -299,6 +303,13 @@ TEST(SplitPlan, DecodedFp8KernelForGridsOfOneWave) {
   EXPECT_TRUE(e4m3(1, 16));
   EXPECT_TRUE(e4m3(16, 128));  // 4 head blocks x 16 tokens, 2 splits
   EXPECT_FALSE(e4m3(1024, 16));
+  {
+    SparseMlaFwdArgs a = good_args(1024, 16);
+    a.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 576}, 1);
+    a.kv_cache_dtype = "fp8_e4m3";
+    EXPECT_TRUE(plan_sparse_mla_fwd(a, true, 84, nullptr, 86).params.decoded_fp8);  // an RTX 3090
+    EXPECT_FALSE(plan_sparse_mla_fwd(a, true, 170, nullptr, 120).params.decoded_fp8);  // an RTX 5090
+  }
   EXPECT_FALSE(plan_sparse_mla_fwd(good_args(1), true, 132).params.decoded_fp8);  // bf16
 }
 

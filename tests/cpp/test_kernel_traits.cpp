@@ -35,6 +35,8 @@ TEST(KernelTraits, SixteenBitAndFp8E4m3CachesCopyTwoStages) {
   expect_stages<__nv_bfloat16, KvFormat::kBFloat16, 576>(2, 2);
   expect_stages<__half, KvFormat::kFloat16, 512>(2, 2);
   expect_stages<__half, KvFormat::kFloat16, 576>(2, 2);
+  // (32 heads at D = 512: the decode-once register path, whose 32-head blocks decode into two
+  // stages; Fp8E4m3TilesStayRawWithAConflictFreePitch below.)
   expect_stages<__nv_bfloat16, KvFormat::kFp8E4m3, 512>(2, 2);
   expect_stages<__half, KvFormat::kFp8E4m3, 576>(2, 2);
 }
