@@ -10,9 +10,9 @@ top-k axis split across blocks and random masked slots, and three tokens in one 
 random topk_len (for fp8_e4m3 these one-wave grids run the kernel that decodes each tile once);
 and, with 16-bit caches at 8 heads and fp8_e4m3 at 8 and 32, a grid of two blocks per SM with
 random topk_len, which runs the fp8_e4m3 kernels of raw tiles (not 32 heads at D = 512, which
-always decode each tile once) and the 16-bit one-stage kernels
-where an SM holds one two-stage block (sm_120, or any GPU with SPARSE_MLA_SM120_OCCUPANCY=1 set,
-as README says). The split one-stage launches the
+always decode each tile once, nor GPUs before sm_89) and the 16-bit one-stage kernels where an
+SM holds one two-stage block (sm_120, or any GPU with SPARSE_MLA_SM120_OCCUPANCY=1 set, as
+README says). The split one-stage launches the
 planner makes there (more blocks than SMs, >= 16 tiles each: thousands of tiles) are left to
 memcheck; their shared memory is used as in the unsplit one-stage launch, and only the global
 destination of the epilogue differs, which the split two-stage launches here cover. Each launch is
