@@ -126,9 +126,9 @@ def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, n
     (csrc/sparse_mla/api.h ``plan_fwd_splits``). For ``"fp8_e4m3"`` the count is that of the
     kernel with raw tiles, which the planned launches of more than one block per SM run (its
     decode-once variant runs grids of one wave; api.h ``decoded_fp8_plan``). With
-    ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the
-    environment of the process, the counts an sm_120 SM would give (README). Raises
-    ``ValueError`` for any other value and ``RuntimeError`` without the op library."""
+    ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the environment of the process, the counts an sm_120 SM
+    would give (README). Raises ``ValueError`` for any other value and ``RuntimeError`` without
+    the op library."""
     device = _cuda_device(device)
     return int(_ops().fwd_blocks_per_sm(dtype, kv_cache_dtype, head_size, num_heads, device, one_stage))
 
