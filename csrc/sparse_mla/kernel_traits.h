@@ -45,8 +45,12 @@ struct SparseMlaFwdTraits {
   // fp8_ds_mla folds its per-row scales into P. P is fp16 there, where a small scale would push
   // it into the subnormals, so each warp divides its P copy by a power of two near the tile's
   // largest scale; the accumulator is multiplied back in the next tile's rescale and in the
-  // epilogue (both exact).
+  // epilogue (both exact). Each warp's P differs (its column tile's scales), so there every warp
+  // runs the tile's softmax itself from the four partial scores and keeps P in registers
+  // (kRegisterP): no P copies in shared memory and one barrier fewer per tile (v5 measured
+  // 1.07-1.15x for this format, bench/NOTES.md; the other formats lost with it).
   static constexpr bool kDsMla = kFormat == KvFormat::kFp8DsMla;
+  static constexpr bool kRegisterP = kDsMla;
 
   // One block: one query token, kHeadGroups x 16 heads, a range of KV tiles of kBlockN rows.
   // Warp (g, w) of head group g (16 heads = the M of m16n8k16):
@@ -90,8 +94,8 @@ struct SparseMlaFwdTraits {
   static constexpr bool kDirectCopy = kFormat == KvFormat::kBFloat16 || kFormat == KvFormat::kFloat16 || kRawFp8;
   static constexpr int kQParts = kQSplit ? 2 : 1;
   static constexpr int kPParts = kPSplit ? 2 : 1;
-  // P copies per head group: one per warp's column tile for fp8_ds_mla (its scales folded in).
-  static constexpr int kPBuffers = (kDsMla ? kWarpsPerGroup : 1) * kPParts;
+  // P buffers per head group (none with P in registers).
+  static constexpr int kPBuffers = kRegisterP ? 0 : kPParts;
 
   // Rows padded by 16 bytes: ldmatrix reads 8 rows at one column, and a row pitch that is an
   // odd multiple of 16 bytes (mod 128) puts those rows in 8 different bank groups.
@@ -107,7 +111,7 @@ struct SparseMlaFwdTraits {
   // Shared memory per stage (tile, valid flags, fp8_ds_mla scales) and the rest.
   static constexpr int kSmemPerStage = kSmemKVStageBytes + kBlockN * 4 + (kDsMla ? kBlockN * 4 * 4 : 0);
   static constexpr int kSmemUnstaged = kNumWarps * kSmemSPartElems * 4 + kHeadGroups * kPBuffers * kSmemPBufferElems * 2 +
-                                       2 * kBlockH * 4 + (kDsMla ? kHeadGroups * kBlockN * 4 * 4 : 0);
+                                       2 * kBlockH * 4;
   static constexpr int kStages =
       kDirectCopy ? kCopyStages_ : (kHeadGroups == 2 && kSmemUnstaged + 2 * kSmemPerStage <= kSmemBudgetBytes) ? 2 : 1;
   // A 16-head 16-bit block of one stage (86.9 KB at D = 576 with two: one per sm_120 SM; 49.4 KB
@@ -125,8 +129,7 @@ struct SparseMlaFwdTraits {
   static constexpr int kSmemStatsOffset = kSmemPOffset + kHeadGroups * kPBuffers * kSmemPBufferElems * 2;
   static constexpr int kSmemValidOffset = kSmemStatsOffset + 2 * kBlockH * 4;  // alpha, l
   static constexpr int kSmemScaleOffset = kSmemValidOffset + kStages * kBlockN * 4;  // fp8_ds_mla [stage][row][4]
-  static constexpr int kSmemScalePOffset = kSmemScaleOffset + (kDsMla ? kStages * kBlockN * 4 * 4 : 0);  // / norm, per group
-  static constexpr int kSmemBytes = kSmemScalePOffset + (kDsMla ? kHeadGroups * kBlockN * 4 * 4 : 0);
+  static constexpr int kSmemBytes = kSmemScaleOffset + (kDsMla ? kStages * kBlockN * 4 * 4 : 0);
   static_assert(kSmemBytes == kSmemUnstaged + kStages * kSmemPerStage);
 
   static_assert(kSmemBytes <= kSmemBudgetBytes,
