@@ -57,7 +57,7 @@ struct SparseMlaFwdTraits {
   //   S = Q K^T: all 32 rows of the tile over its quarter of D (latent columns 128w..128w+127,
   //              which is fp8_ds_mla scale tile w, plus rope k-step w when D = 576), with its
   //              Q fragments held in registers for the whole kernel; the four partial scores
-  //              are summed by the softmax threads.
+  //              are summed by the softmax threads (with register P by every warp).
   //   O += P V:  its 128 of the 512 output columns over the tile's 32 rows, so it holds
   //              16 x 128 fp32 accumulators (64 registers per thread).
   static constexpr int kHeadGroups = kHeadGroups_;
@@ -87,8 +87,8 @@ struct SparseMlaFwdTraits {
   // (32-head blocks at D = 512: always; kFp8RawTiles above).
   // Other fp8 rows (fp8_ds_mla, and fp8_e4m3 in that variant) are loaded into registers one
   // tile ahead and decoded on the way into shared memory; 32-head blocks (one per SM anyway)
-  // decode into a second stage at the end of the tile before, where it fits the ceiling (not
-  // fp8_ds_mla at D = 576), 16-head ones into their one stage between two barriers of their
+  // decode into a second stage at the end of the tile before, where it fits the ceiling (with
+  // register P every one does), 16-head ones into their one stage between two barriers of their
   // own, which keeps two of them on an sm_120 SM (bench/NOTES.md v11).
   static constexpr bool kRawFp8 = kFormat == KvFormat::kFp8E4m3 && kFp8RawTiles_;
   static constexpr bool kDirectCopy = kFormat == KvFormat::kBFloat16 || kFormat == KvFormat::kFloat16 || kRawFp8;
@@ -102,7 +102,9 @@ struct SparseMlaFwdTraits {
   static constexpr int kSmemPitch = kHeadDim + 8;  // elements of a decoded or 16-bit row
   static constexpr int kSmemRowBytes = kRawFp8 ? kHeadDim + 16 : kSmemPitch * 2;
   static_assert(kSmemRowBytes % 16 == 0 && (kSmemRowBytes / 16) % 2 == 1);
-  static constexpr int kSPitch = kBlockN + 4;      // fp32 scores
+  // fp32 scores; register-P warps read them as float2 in accumulator order, which pitch 40
+  // keeps free of bank conflicts (36: two-way).
+  static constexpr int kSPitch = kBlockN + (kRegisterP ? 8 : 4);
   static constexpr int kPPitch = kBlockN + 8;      // probabilities, Element
 
   static constexpr int kSmemKVStageBytes = kBlockN * kSmemRowBytes;
@@ -127,7 +129,7 @@ struct SparseMlaFwdTraits {
   static constexpr int kSmemSOffset = kSmemKVOffset + kStages * kSmemKVStageBytes;  // [g][w][16][pitch]
   static constexpr int kSmemPOffset = kSmemSOffset + kNumWarps * kSmemSPartElems * 4;  // [g][buffer][16][pitch]
   static constexpr int kSmemStatsOffset = kSmemPOffset + kHeadGroups * kPBuffers * kSmemPBufferElems * 2;
-  static constexpr int kSmemValidOffset = kSmemStatsOffset + 2 * kBlockH * 4;  // alpha, l
+  static constexpr int kSmemValidOffset = kSmemStatsOffset + 2 * kBlockH * 4;  // alpha, l (unused with register P)
   static constexpr int kSmemScaleOffset = kSmemValidOffset + kStages * kBlockN * 4;  // fp8_ds_mla [stage][row][4]
   static constexpr int kSmemBytes = kSmemScaleOffset + (kDsMla ? kStages * kBlockN * 4 * 4 : 0);
   static_assert(kSmemBytes == kSmemUnstaged + kStages * kSmemPerStage);

@@ -4,7 +4,8 @@
 // they share are read from DRAM once and from L2 after), y = split of the top-k axis.
 // Per KV tile of kBlockN gathered rows (see kernel_traits.h for the warp roles):
 //   1. S = Q K^T      each warp: 16 heads x 32 rows over a quarter of D, Q from registers.
-//   2. online softmax 8 threads per head sum the 4 partial scores of 4 rows (base 2, fp32).
+//   2. online softmax 8 threads per head sum the 4 partial scores of 4 rows (base 2, fp32);
+//                     with register P (fp8_ds_mla) every warp does it for its head group.
 //   3. O += P V       each warp: 16 heads x 128 columns, K-dim = 32 rows, V = the first 512
 //                     columns of the same shared tile.
 // A masked slot is zero-filled without a read and its score forced to -inf. fp8_e4m3 tiles stay
