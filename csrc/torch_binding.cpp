@@ -201,10 +201,11 @@ int64_t bench_mma_sync_peak(const at::Tensor& sink, int64_t num_blocks, int64_t 
 int64_t workspace_size(int64_t num_sms) { return sparse_mla::workspace_size(static_cast<int>(num_sms)); }
 
 // Blocks of the forward kernel for (q dtype, cache format, head_size, num_heads) that one SM of
-// `device` holds at once, or with one_stage those of its one-stage variant (0 where it has none):
-// what the split planner plans with.
+// `device` holds at once, or with one_stage / decoded_fp8 those of that variant (0 where it has
+// none): what the split planner plans with.
 int64_t fwd_blocks_per_sm(at::ScalarType dtype, const std::string& kv_cache_dtype, int64_t head_size,
-                          int64_t num_heads, at::Device device, bool one_stage) {
+                          int64_t num_heads, at::Device device, bool one_stage, bool decoded_fp8) {
+  TORCH_CHECK_VALUE(!(one_stage && decoded_fp8), "one_stage and decoded_fp8 name different variants: set one");
   TORCH_CHECK_VALUE(dtype == at::kBFloat16 || dtype == at::kHalf,
                     std::string("dtype must be bfloat16 or float16, got ") + c10::toString(dtype));
   TORCH_CHECK_VALUE(kv_cache_dtype != "auto", "kv_cache_dtype must name the cache format ('auto' needs a cache)");
@@ -217,7 +218,10 @@ int64_t fwd_blocks_per_sm(at::ScalarType dtype, const std::string& kv_cache_dtyp
   const auto format = checked([&] { return sparse_mla::parse_kv_cache_dtype(kv_cache_dtype, TensorDesc{}); });
   const c10::cuda::CUDAGuard guard(device);
   return sparse_mla::fwd_blocks_per_sm(dtype == at::kBFloat16 ? sparse_mla::DType::kBFloat16 : sparse_mla::DType::kFloat16,
-                                       format, static_cast<int>(head_size), static_cast<int>(num_heads), one_stage);
+                                       format, static_cast<int>(head_size), static_cast<int>(num_heads),
+                                       one_stage     ? sparse_mla::FwdVariant::kOneStage
+                                       : decoded_fp8 ? sparse_mla::FwdVariant::kDecodedFp8
+                                                     : sparse_mla::FwdVariant::kMain);
 }
 
 // The CUDA targets this library was built for, as GLM53_ARCHS listed them ("80,120a", plus
@@ -251,7 +255,7 @@ TORCH_LIBRARY(sparse_mla_bw, m) {
       &check_concat_and_cache);
   m.def("workspace_size(int num_sms) -> int", &workspace_size);
   m.def("fwd_blocks_per_sm(ScalarType dtype, str kv_cache_dtype, int head_size, int num_heads, Device device, "
-        "bool one_stage=False) -> int",
+        "bool one_stage=False, bool decoded_fp8=False) -> int",
         &fwd_blocks_per_sm);
   m.def("format_constants() -> int[]", &format_constants);
   m.def("compiled_targets() -> str", &compiled_targets);

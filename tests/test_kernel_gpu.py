@@ -65,25 +65,30 @@ def test_decode_combine_of_more_than_64_splits(num_heads):
     _check(verify.run_case(Case(head_size=576, num_heads=num_heads, topk=4352, num_tokens=1), torch.device("cuda")))
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "fp8_ds_mla"])
 @pytest.mark.parametrize("num_heads", [16, 64])
 @pytest.mark.parametrize("head_size", [512, 576])
-def test_fp8_e4m3_raw_and_decoded_tile_kernels(head_size, num_heads):
-    """fp8_e4m3 runs its kernel of raw tiles (decoded per MMA fragment) where the grid has more
-    blocks than SMs, and the DecodedFp8 variant (each tile decoded once) in grids of one wave
-    (api.h decoded_fp8_plan), always in 32-head blocks at D = 512 (kernel_traits.h) and on GPUs
-    before sm_89: the profiler must see each where it is planned, both with right values under
-    random masks and topk_len, q strided or split. The one-wave launches have two tiles (topk 64:
-    unsplit, T x head blocks <= 14 blocks), the others 2 x SMs tokens of 16 tiles."""
+def test_fp8_raw_and_decoded_tile_kernels(head_size, num_heads, kv_cache_dtype):
+    """An fp8 cache runs its kernel of raw tiles (decoded per MMA fragment) where the grid has
+    more blocks than SMs, and the DecodedFp8 variant (each tile decoded once) in grids of one wave
+    (api.h decoded_fp8_plan), always in 32-head blocks at D = 512 (kernel_traits.h), on GPUs
+    before sm_89, and for 16-head fp8_ds_mla at D = 576 where an SM holds two decode-once blocks
+    but one of raw tiles (plan_fwd_splits): the profiler must see each where it is planned, both
+    with right values under random masks and topk_len, q strided or split. The one-wave launches
+    have two tiles (topk 64: unsplit, T x head blocks <= 14 blocks), the others 2 x SMs tokens of
+    16 tiles."""
     from torch.profiler import ProfilerActivity, profile
 
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
     layout = "split_q" if head_size == 576 else "strided"
     raw_tiles = (num_heads <= 16 or head_size == 576) and (props.major, props.minor) >= (8, 9)
+    if kv_cache_dtype == "fp8_ds_mla" and num_heads <= 16 and head_size == 576:
+        raw_tiles = raw_tiles and ops.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, num_heads) >= 2
     for num_tokens, topk, raw in ((1, 64, False), (7, 64, False), (2 * sms, 512, raw_tiles)):
         for masking in ("random", "topk_len"):
             case = Case(head_size=head_size, num_heads=num_heads, topk=topk, num_tokens=num_tokens,
-                        kv_cache_dtype="fp8_e4m3", masking=masking, layout=layout)
+                        kv_cache_dtype=kv_cache_dtype, masking=masking, layout=layout)
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 result = verify.run_case(case, torch.device("cuda"))
             _check(result)
@@ -97,7 +102,9 @@ def test_fwd_blocks_per_sm():
     block size gets its block's count, a 16-head block (128 threads, <= 87 KB) at least as many
     as a 32-head one (256 threads, <= 99 KB), the 16-head fp8_e4m3 D512 block (44 KB) two, as on
     every target; the one-stage variant (16-head 16-bit caches only, <= 50 KB) at least two and
-    at least the two-stage kernel's count, 0 elsewhere (bad arguments: test_ops_cpu)."""
+    at least the two-stage kernel's count, the decode-once fp8 variant (not in 32-head blocks at
+    D = 512, whose main kernel decodes once) two at 16 heads (<= 49 KB) and one at 32, 0
+    elsewhere (bad arguments: test_ops_cpu)."""
     for dtype in (torch.bfloat16, torch.float16):
         for kv in ("bfloat16", "float16", "fp8_e4m3", "fp8_ds_mla"):
             for head_size in (512, 576):
@@ -111,13 +118,19 @@ def test_fwd_blocks_per_sm():
                 else:
                     assert one_stage == 0, (dtype, kv, head_size)
                 assert ops.fwd_blocks_per_sm(dtype, kv, head_size, 17, one_stage=True) == 0
+                decoded = [ops.fwd_blocks_per_sm(dtype, kv, head_size, h, decoded_fp8=True) for h in (16, 32)]
+                if kv.startswith("fp8"):
+                    assert decoded == [2, 0 if head_size == 512 else 1], (dtype, kv, head_size, decoded)
+                else:
+                    assert decoded == [0, 0], (dtype, kv, head_size, decoded)
     assert ops.fwd_blocks_per_sm(torch.float16, "fp8_e4m3", 512, 16) >= 2
 
 
 def test_sm120_occupancy_emulation(same_package_env):
     """SPARSE_MLA_SM120_OCCUPANCY=1 (launch_template.cuh): the planner's occupancies become an
-    sm_120 SM's (16-head kernels: fp8_ds_mla at D = 576, 48,384 bytes, two blocks; fp8_e4m3 at
-    D = 512, 44,672 bytes, two; bf16 at D = 576 and fp16 at D = 512 with two stages, 86,912 and
+    sm_120 SM's (16-head kernels: fp8_ds_mla at D = 576 of raw tiles, 52,608 bytes, one block,
+    its decode-once variant, 48,384 bytes, two; fp8_e4m3 at D = 512, 44,672 bytes, two, and its
+    decode-once variant two; bf16 at D = 576 and fp16 at D = 512 with two stages, 86,912 and
     77,440 bytes, one; their one-stage variants, 49,408 and 45,312 bytes, two), and every kernel
     class still launches, asking for about 2.3x its shared memory on an sm_90 (at most 221 KB),
     and gives right values: bf16, fp16 and both fp8 caches, 16 and 32 heads, D 512 and 576,
@@ -126,7 +139,8 @@ def test_sm120_occupancy_emulation(same_package_env):
     tiles for the one-stage kernel, api.h plan_fwd_splits), and 16-head grids of two blocks per
     SM with random topk_len and both q dtypes (one-stage too). The profiler must see the
     one-stage kernel run in a split launch (T 64) and an unsplit one. A fresh process, since the
-    setting is read once."""
+    setting is read once. And the 16-head fp8_ds_mla D576 grid of two blocks per SM must run
+    the decode-once kernel (two per SM) there, not the kernel of raw tiles (one)."""
     probes = [(torch.float16, "fp8_ds_mla", 576, 16), (torch.float16, "fp8_e4m3", 512, 16),
               (torch.bfloat16, "bfloat16", 576, 16), (torch.float16, "float16", 512, 16)]
     normal = [ops.fwd_blocks_per_sm(*args) for args in probes]
@@ -136,6 +150,7 @@ def test_sm120_occupancy_emulation(same_package_env):
         "from vllm_sparse_mla_blackwell import cases, ops, verify\n"
         f"occupancy = [ops.fwd_blocks_per_sm(*args) for args in {probes!r}]\n"
         f"occupancy += [ops.fwd_blocks_per_sm(*args, one_stage=True) for args in {probes!r}]\n"
+        f"occupancy += [ops.fwd_blocks_per_sm(*args, decoded_fp8=True) for args in {probes!r}]\n"
         "two_per_sm = 2 * torch.cuda.get_device_properties(0).multi_processor_count + 8\n"
         "shapes = [(h, t, k, 'none', 'bf16') for h in (16, 32) for t, k in ((3, 32), (1, 300), (64, 2048))]\n"
         "shapes += [(16, two_per_sm, 64, 'topk_len', q) for q in ('bf16', 'fp16')]\n"
@@ -144,17 +159,19 @@ def test_sm120_occupancy_emulation(same_package_env):
         "       for c in [cases.Case(head_size=d, num_heads=h, topk=k, num_tokens=t, kv_cache_dtype=kv,\n"
         "                            masking=masking, q_dtype=q)]\n"
         "       if not verify.run_case(c, torch.device('cuda')).passed]\n"
-        "def kernels(num_tokens, topk):\n"
+        "def kernels(num_tokens, topk, kv='bf16'):\n"
         "    with profile(activities=[ProfilerActivity.CUDA]) as prof:\n"
-        "        verify.run_case(cases.Case(head_size=576, num_heads=16, topk=topk, num_tokens=num_tokens),\n"
-        "                        torch.device('cuda'))\n"
+        "        verify.run_case(cases.Case(head_size=576, num_heads=16, topk=topk, num_tokens=num_tokens,\n"
+        "                                   kv_cache_dtype=kv), torch.device('cuda'))\n"
         "    return sorted({e.name for e in prof.events() if 'sparse_mla_' in e.name})\n"
         "split, unsplit = kernels(64, 2048), kernels(two_per_sm, 64)\n"
         "one_stage = [any(', 1, 1, true>' in n for n in k) for k in (split, unsplit)]\n"
         "combined = any('combine' in n for n in split)\n"
-        "print('occupancy', occupancy, 'failed', bad, 'kernels', split, unsplit)\n"
-        "sys.exit(0 if occupancy == [2, 2, 1, 1, 0, 0, 2, 2] and not bad and one_stage == [True, True]\n"
-        "         and combined else 1)\n")
+        "ds_mla = kernels(two_per_sm, 64, 'fp8_ds_mla')\n"
+        "decoded = bool(ds_mla) and all(', 2, false>' in n for n in ds_mla)\n"
+        "print('occupancy', occupancy, 'failed', bad, 'kernels', split, unsplit, ds_mla)\n"
+        "sys.exit(0 if occupancy == [1, 2, 1, 1, 0, 0, 2, 2, 2, 2, 0, 0] and not bad\n"
+        "         and one_stage == [True, True] and combined and decoded else 1)\n")
     run = subprocess.run([sys.executable, "-c", script], env=same_package_env(SPARSE_MLA_SM120_OCCUPANCY="1"),
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, f"without the setting {normal}; " + run.stdout[-3000:] + run.stderr[-3000:]

@@ -205,6 +205,11 @@ def test_fwd_blocks_per_sm_names_the_bad_argument(args, message):
         ops.fwd_blocks_per_sm(*args)
 
 
+def test_fwd_blocks_per_sm_takes_one_variant():
+    with pytest.raises(ValueError, match="one_stage and decoded_fp8 name different variants"):
+        ops.fwd_blocks_per_sm(torch.bfloat16, "fp8_ds_mla", 576, 16, 0, one_stage=True, decoded_fp8=True)
+
+
 def test_format_constants_agree_with_cpp():
     got = torch.ops.sparse_mla_bw.format_constants()
     assert got == [formats.KV_LORA_RANK, formats.QK_ROPE_HEAD_DIM, formats.HEAD_SIZE_V, formats.MAX_NUM_HEADS,

@@ -7,17 +7,22 @@ big for them):
 
 Every cache format x D (512, 576) x 8 and 32 heads (one and two head groups): one token with the
 top-k axis split across blocks and random masked slots, and three tokens in one block each with
-random topk_len (for fp8_e4m3 these one-wave grids run the kernel that decodes each tile once);
-and, with 16-bit caches at 8 heads and fp8_e4m3 at 8 and 32, a grid of two blocks per SM with
-random topk_len, which runs the fp8_e4m3 kernels of raw tiles (not 32 heads at D = 512, which
-always decode each tile once, nor GPUs before sm_89) and the 16-bit one-stage kernels where an
-SM holds one two-stage block (sm_120, or any GPU with SPARSE_MLA_SM120_OCCUPANCY=1 set, as
-README says). The split one-stage launches the
-planner makes there (more blocks than SMs, >= 16 tiles each: thousands of tiles) are left to
+random topk_len (for fp8 caches these one-wave grids run the kernel that decodes each tile once);
+and, with 16-bit caches at 8 heads and fp8 caches at 8 and 32, a grid of two blocks per SM with
+random topk_len, which runs the fp8 kernels of raw tiles (not 32 heads at D = 512, which always
+decode each tile once, nor GPUs before sm_89, nor 16-head fp8_ds_mla at D = 576 where an SM holds
+one block of it) and the 16-bit one-stage kernels where an SM holds one two-stage block (sm_120,
+or any GPU with SPARSE_MLA_SM120_OCCUPANCY=1 set, as README says). The split one-stage launches
+the planner makes there (more blocks than SMs, >= 16 tiles each: thousands of tiles) are left to
 memcheck; their shared memory is used as in the unsplit one-stage launch, and only the global
-destination of the epilogue differs, which the split two-stage launches here cover. Each launch is
-checked against the fp32 reference as in ``verify`` (``verify.run_case``). Needs a CUDA GPU and
-the built package; exit 1 if a case fails.
+destination of the epilogue differs, which the split two-stage launches here cover.
+
+Each launch is checked against the fp32 reference as ``verify`` does (``verify.run_case``): every
+output and lse written, masked rows exact, relative error within the bar. Not the cosine bar,
+which is verify's at its shapes: these topk of 96-200 make a few keys dominate a row, and over
+the thousands of rows of a two-blocks-per-SM grid fp8_ds_mla's fp16 P, which carries the row
+scales and so rounds even the largest p, reaches 0.9999975 (bench/NOTES.md v14), while a race
+shows as a gross error. Needs a CUDA GPU and the built package; exit 1 if a case fails.
 """
 
 import torch
@@ -25,12 +30,17 @@ import torch
 from vllm_sparse_mla_blackwell import cases, verify
 
 
+def sound(r: cases.CaseResult) -> bool:
+    return r.all_written and r.masked_exact and max(r.max_rel_err, r.max_rel_err_rounded) <= cases.MAX_REL_ERR \
+        and r.max_lse_err <= cases.MAX_LSE_ERR
+
+
 def main() -> int:
     device = torch.device("cuda")
     two_blocks_per_sm = 2 * torch.cuda.get_device_properties(device).multi_processor_count + 8
     shapes = [(num_heads, num_tokens, topk, masking) for num_heads in (8, 32)
               for num_tokens, topk, masking in ((1, 200, "random"), (3, 96, "topk_len"))]
-    many_blocks = {"bf16": (8,), "fp16": (8,), "fp8_e4m3": (8, 32), "fp8_ds_mla": ()}
+    many_blocks = {"bf16": (8,), "fp16": (8,), "fp8_e4m3": (8, 32), "fp8_ds_mla": (8, 32)}
     failed = [
         case.label()
         for kv_cache_dtype in ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla")
@@ -39,7 +49,7 @@ def main() -> int:
         shapes + [(h, two_blocks_per_sm, 96, "topk_len") for h in many_blocks[kv_cache_dtype]]
         for case in [cases.Case(head_size=head_size, num_heads=num_heads, topk=topk, num_tokens=num_tokens,
                                 kv_cache_dtype=kv_cache_dtype, masking=masking)]
-        if not verify.run_case(case, device).passed
+        if not sound(verify.run_case(case, device))
     ]
     print("sanitizer launches:", "all passed" if not failed else f"FAILED: {failed}")
     return 1 if failed else 0

@@ -258,13 +258,18 @@ bool decoded_fp8_plan(int num_tokens, int num_heads, const SplitPlan& plan, int 
 }
 
 SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
-                          int blocks_per_sm, int one_stage_blocks_per_sm) {
-  if (one_stage_occupancy(blocks_per_sm, one_stage_blocks_per_sm)) {
+                          int blocks_per_sm, int one_stage_blocks_per_sm, int decoded_fp8_blocks_per_sm) {
+  if (variant_occupancy(blocks_per_sm, one_stage_blocks_per_sm)) {
     SplitPlan plan = plan_splits(num_tokens, num_heads, topk, num_sms, workspace_bytes, one_stage_blocks_per_sm);
     if (one_stage_plan(num_tokens, num_heads, plan, num_sms)) {
       plan.one_stage = true;
       return plan;
     }
+  }
+  if (variant_occupancy(blocks_per_sm, decoded_fp8_blocks_per_sm)) {
+    SplitPlan plan = plan_splits(num_tokens, num_heads, topk, num_sms, workspace_bytes, decoded_fp8_blocks_per_sm);
+    plan.decoded_fp8 = true;
+    return plan;
   }
   return plan_splits(num_tokens, num_heads, topk, num_sms, workspace_bytes, blocks_per_sm);
 }
@@ -406,16 +411,17 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   if (T > (int64_t{1} << 30) / ((H + 15) / 16)) fail("q.shape[0] (num_tokens) is too large");
   // Occupancies are CUDA queries (cached per device): asked only for a launch.
   const bool ask = blocks_per_sm != nullptr && T > 0;
-  const auto occupancy = [&](bool one_stage) {
-    return ask ? blocks_per_sm(dtype, format, p.head_size, p.num_heads, one_stage) : one_stage ? 0 : 1;
+  const auto occupancy = [&](FwdVariant variant) {
+    return ask ? blocks_per_sm(dtype, format, p.head_size, p.num_heads, variant) : variant == FwdVariant::kMain ? 1 : 0;
   };
-  const SplitPlan split = plan_fwd_splits(p.num_tokens, p.num_heads, p.topk, num_sms, workspace_bytes,
-                                          occupancy(false), occupancy(true));
+  const SplitPlan split =
+      plan_fwd_splits(p.num_tokens, p.num_heads, p.topk, num_sms, workspace_bytes, occupancy(FwdVariant::kMain),
+                      occupancy(FwdVariant::kOneStage), occupancy(FwdVariant::kDecodedFp8));
   p.num_splits = split.num_splits;
   p.tiles_per_split = split.tiles_per_split;
   p.one_stage = split.one_stage;
-  p.decoded_fp8 =
-      format == KvFormat::kFp8E4m3 && decoded_fp8_plan(p.num_tokens, p.num_heads, split, num_sms, sm_version);
+  p.decoded_fp8 = (format == KvFormat::kFp8E4m3 || format == KvFormat::kFp8DsMla) &&
+                  (split.decoded_fp8 || decoded_fp8_plan(p.num_tokens, p.num_heads, split, num_sms, sm_version));
   p.combine_split_groups = combine_split_groups(p.num_tokens, p.num_heads, p.num_splits, num_sms);
   if (p.num_splits > 1) {
     float* ws = static_cast<float*>(const_cast<void*>(a.workspace.data));

@@ -54,9 +54,9 @@ struct SparseMlaFwdLaunch {
   bool empty;  // no query tokens: nothing to launch
 };
 
-// Blocks of the kernel for (dtype, format, head_size, num_heads) one SM holds at once, or with
-// one_stage those of its one-stage variant, 0 where it has none (fwd_blocks_per_sm in launch.h).
-using BlocksPerSmFn = int (*)(DType dtype, KvFormat format, int head_size, int num_heads, bool one_stage);
+// Blocks of the kernel for (dtype, format, head_size, num_heads) one SM holds at once, or those
+// of its `variant`, 0 where it has none (fwd_blocks_per_sm in launch.h).
+using BlocksPerSmFn = int (*)(DType dtype, KvFormat format, int head_size, int num_heads, FwdVariant variant);
 
 // Checks every argument (shapes, dtypes, devices, alignment, supported H and D, topk >= 1) and
 // throws ArgumentError naming the first bad one. `require_cuda`: all tensors on one CUDA device
@@ -75,7 +75,8 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& args, bool requir
 struct SplitPlan {
   int num_splits;
   int tiles_per_split;
-  bool one_stage = false;  // run the one-stage 16-head 16-bit kernel (plan_fwd_splits)
+  bool one_stage = false;    // run the one-stage 16-head 16-bit kernel (plan_fwd_splits)
+  bool decoded_fp8 = false;  // run the fp8 kernel that decodes each tile once (plan_fwd_splits)
 };
 SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
                       int blocks_per_sm = 1);
@@ -98,11 +99,13 @@ constexpr int kCoResidentMinTiles = 8;
 // leave SMs idle (decode), else one group (combine_kernel.cuh; bench/NOTES.md v10).
 int combine_split_groups(int num_tokens, int num_heads, int num_splits, int num_sms);
 
-// Whether an SM holds one two-stage 16-head 16-bit block but two or more of its one-stage
-// variant (kernel_traits.h OneStage): sm_120 / sm_121 and sm_86 / sm_89 (100 KB per SM), sm_80
-// (164 KB, unmeasured there); not the H200, which holds two two-stage blocks.
-constexpr bool one_stage_occupancy(int two_stage_blocks_per_sm, int one_stage_blocks_per_sm) {
-  return two_stage_blocks_per_sm < 2 && one_stage_blocks_per_sm >= 2;
+// Whether an SM holds one block of a configuration's main kernel but two or more of its
+// variant: the one-stage 16-head 16-bit kernels (kernel_traits.h OneStage) on sm_120 / sm_121
+// and sm_86 / sm_89 (100 KB per SM), sm_80 (164 KB, unmeasured there); the decode-once 16-head
+// fp8_ds_mla kernel at D = 576 (DecodedFp8, 48 KB against 53 KB of raw tiles) on those with
+// 100 KB. Not on the H200, which holds two blocks of every 16-head main kernel.
+constexpr bool variant_occupancy(int blocks_per_sm, int variant_blocks_per_sm) {
+  return blocks_per_sm < 2 && variant_blocks_per_sm >= 2;
 }
 
 // Whether `plan` (made at the one-stage occupancy) should run the one-stage kernel: some SM
@@ -115,13 +118,17 @@ constexpr bool one_stage_occupancy(int two_stage_blocks_per_sm, int one_stage_bl
 bool one_stage_plan(int num_tokens, int num_heads, const SplitPlan& plan, int num_sms);
 constexpr int kOneStageMinTiles = 16;
 
-// The launch's split plan and kernel variant: where one_stage_occupancy holds and the plan at
-// the one-stage occupancy passes one_stage_plan, that plan with one_stage set; otherwise
-// plan_splits at the (two-stage) kernel's occupancy.
+// The launch's split plan and kernel variant: where variant_occupancy holds for the one-stage
+// variant and the plan at its occupancy passes one_stage_plan, that plan with one_stage set;
+// else where it holds for the decode-once fp8 variant (decoded_fp8_blocks_per_sm; 0: none),
+// the plan at that variant's occupancy with decoded_fp8 set (with sm_120's occupancy on the
+// H200, the 16-head fp8_ds_mla D576 kernel of raw tiles, one per SM, ran 0.90-0.99x the
+// decode-once one, two per SM; bench/NOTES.md v14); otherwise plan_splits at the main kernel's
+// occupancy.
 SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
-                          int blocks_per_sm, int one_stage_blocks_per_sm);
+                          int blocks_per_sm, int one_stage_blocks_per_sm, int decoded_fp8_blocks_per_sm = 0);
 
-// Whether an fp8_e4m3 launch of `plan` should run the kernel variant that decodes each tile once
+// Whether an fp8 launch of `plan` (made for the kernel of raw tiles) should run the kernel variant that decodes each tile once
 // into shared memory (kernel_traits.h DecodedFp8) rather than per MMA fragment: the grid is one
 // wave, at most one block per SM, where the raw tiles' extra conversions lengthen every tile
 // and their smaller shared-memory traffic does not pay (T = 1, 4, 16: 0.81-0.95x with raw tiles;

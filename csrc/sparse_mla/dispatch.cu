@@ -33,10 +33,10 @@ cudaError_t dispatch_sparse_mla_fwd(const SparseMlaFwdParams& p, DType dtype, Kv
                          [&](auto traits) { return run_sparse_mla_fwd<decltype(traits)>(p, stream); });
 }
 
-int fwd_blocks_per_sm(DType dtype, KvFormat format, int head_size, int num_heads, bool one_stage) {
-  if (!instantiated_head_size(head_size)) return one_stage ? 0 : 1;
+int fwd_blocks_per_sm(DType dtype, KvFormat format, int head_size, int num_heads, FwdVariant variant) {
+  if (!instantiated_head_size(head_size)) return variant == FwdVariant::kMain ? 1 : 0;
   return with_fwd_traits(dtype, format, head_size, num_heads,
-                         [&](auto traits) { return sparse_mla_fwd_blocks_per_sm<decltype(traits)>(one_stage); });
+                         [&](auto traits) { return sparse_mla_fwd_blocks_per_sm<decltype(traits)>(variant); });
 }
 
 }  // namespace sparse_mla

@@ -17,13 +17,14 @@ constexpr int kMaxHeadGroups = 2;
 constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 
 // QElement: q / out type. kFormat: cache row format. kHeadDim: D (512 or 576). kHeadGroups:
-// groups of 16 heads per block. kCopyStages: cp.async stages of a 16-bit or raw fp8_e4m3 cache
-// (2; 1 only for the 16-head 16-bit variant that api.h plan_fwd_splits picks). kFp8RawTiles:
-// fp8_e4m3 tiles stay raw in shared memory (false for the variant api.h decoded_fp8_plan picks,
-// and always for 32-head blocks at D = 512, which ran 0.94-1.00x with raw tiles at every T on
-// the H200; bench/NOTES.md v13).
+// groups of 16 heads per block. kCopyStages: cp.async stages of a 16-bit or raw fp8 cache (2; 1
+// only for the 16-head 16-bit variant that api.h plan_fwd_splits picks). kFp8RawTiles: fp8 tiles
+// stay raw in shared memory (false for the variant api.h decoded_fp8_plan picks, and always for
+// 32-head blocks at D = 512, which ran 0.94-1.00x (fp8_e4m3, v13) and 0.98x (fp8_ds_mla, v14)
+// with raw tiles on the H200; bench/NOTES.md).
 template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2,
-          bool kFp8RawTiles_ = kFormat_ != KvFormat::kFp8E4m3 || kHeadGroups_ == 1 || kHeadDim_ == kHeadSizeRoPE>
+          bool kFp8RawTiles_ = (kFormat_ != KvFormat::kFp8E4m3 && kFormat_ != KvFormat::kFp8DsMla) || kHeadGroups_ == 1 ||
+                               kHeadDim_ == kHeadSizeRoPE>
 struct SparseMlaFwdTraits {
   using QElement = QElement_;
   static constexpr KvFormat kFormat = kFormat_;
@@ -77,20 +78,21 @@ struct SparseMlaFwdTraits {
   static_assert(kLatentStepsPerWarp * 16 == kDsMlaTile && kDvPerWarp == kDsMlaTile,
                 "a warp's latent columns must be one fp8_ds_mla scale tile");
 
-  // 16-bit cache rows and fp8_e4m3 rows are copied straight into shared memory with cp.async
-  // (two stages, one in flight while the other is computed; one in the 16-bit OneStage variant
-  // below). fp8_e4m3 tiles stay raw there, one byte per value, and are decoded per MMA fragment
-  // as the S and P V phases read them: half the shared-memory traffic of a decoded tile, which
-  // bound the 16-head fp8 kernels (ncu, bench/NOTES.md v12), for 1.9-2x (16 heads) or 3.8-4x
-  // (32 heads) the conversions; in launches of one wave of blocks, each alone on its SM, those
-  // cost more than they save (bench/NOTES.md v13), and the DecodedFp8 variant below runs there
-  // (32-head blocks at D = 512: always; kFp8RawTiles above).
-  // Other fp8 rows (fp8_ds_mla, and fp8_e4m3 in that variant) are loaded into registers one
-  // tile ahead and decoded on the way into shared memory; 32-head blocks (one per SM anyway)
-  // decode into a second stage at the end of the tile before, where it fits the ceiling (with
-  // register P every one does), 16-head ones into their one stage between two barriers of their
-  // own, which keeps two of them on an sm_120 SM (bench/NOTES.md v11).
-  static constexpr bool kRawFp8 = kFormat == KvFormat::kFp8E4m3 && kFp8RawTiles_;
+  // 16-bit cache rows and fp8 rows are copied straight into shared memory with cp.async (two
+  // stages, one in flight while the other is computed; one in the 16-bit OneStage variant
+  // below). fp8 tiles stay raw there, one byte per value (fp8_ds_mla: its record as stored,
+  // scales and bf16 rope included, without the rope at D = 512), and are decoded per MMA
+  // fragment as the S and P V phases read them: half the shared-memory traffic of a decoded
+  // tile, which bound the 16-head fp8 kernels (ncu, bench/NOTES.md v12), for 1.9-2x (16 heads)
+  // or 3.8-4x (32 heads) the conversions; in launches of one wave of blocks, each alone on its
+  // SM, those cost more than they save (bench/NOTES.md v13), and the DecodedFp8 variant below
+  // runs there (32-head blocks at D = 512: always; kFp8RawTiles above).
+  // In that variant fp8 rows are loaded into registers one tile ahead and decoded on the way
+  // into shared memory; 32-head blocks (one per SM anyway) decode into a second stage at the end
+  // of the tile before, where it fits the ceiling (with register P every one does), 16-head ones
+  // into their one stage between two barriers of their own, which keeps two of them on an
+  // sm_120 SM (bench/NOTES.md v11).
+  static constexpr bool kRawFp8 = (kFormat == KvFormat::kFp8E4m3 || kDsMla) && kFp8RawTiles_;
   static constexpr bool kDirectCopy = kFormat == KvFormat::kBFloat16 || kFormat == KvFormat::kFloat16 || kRawFp8;
   static constexpr int kQParts = kQSplit ? 2 : 1;
   static constexpr int kPParts = kPSplit ? 2 : 1;
@@ -100,7 +102,11 @@ struct SparseMlaFwdTraits {
   // Rows padded by 16 bytes: ldmatrix reads 8 rows at one column, and a row pitch that is an
   // odd multiple of 16 bytes (mod 128) puts those rows in 8 different bank groups.
   static constexpr int kSmemPitch = kHeadDim + 8;  // elements of a decoded or 16-bit row
-  static constexpr int kSmemRowBytes = kRawFp8 ? kHeadDim + 16 : kSmemPitch * 2;
+  // Raw fp8_ds_mla rows: the record without its rope (D = 512) or all of it, 33 or 41 x 16 bytes.
+  static constexpr int kSmemRowBytes = !kRawFp8 ? kSmemPitch * 2
+                                       : kDsMla  ? kDsMlaRopeOffset + 2 * (kHeadDim - kKvLoraRank)
+                                                 : kHeadDim + 16;
+  static constexpr int kGatherRowBytes = kRawFp8 && kDsMla ? kSmemRowBytes : kv_row_bytes(kFormat, kHeadDim);
   static_assert(kSmemRowBytes % 16 == 0 && (kSmemRowBytes / 16) % 2 == 1);
   // fp32 scores; register-P warps read them as float2 in accumulator order, which pitch 40
   // keeps free of bank conflicts (36: two-way).
@@ -110,8 +116,9 @@ struct SparseMlaFwdTraits {
   static constexpr int kSmemKVStageBytes = kBlockN * kSmemRowBytes;
   static constexpr int kSmemSPartElems = 16 * kSPitch;
   static constexpr int kSmemPBufferElems = 16 * kPPitch;
-  // Shared memory per stage (tile, valid flags, fp8_ds_mla scales) and the rest.
-  static constexpr int kSmemPerStage = kSmemKVStageBytes + kBlockN * 4 + (kDsMla ? kBlockN * 4 * 4 : 0);
+  // Shared memory per stage (tile, valid flags, decoded fp8_ds_mla's scales) and the rest.
+  static constexpr bool kScaleBuffer = kDsMla && !kRawFp8;
+  static constexpr int kSmemPerStage = kSmemKVStageBytes + kBlockN * 4 + (kScaleBuffer ? kBlockN * 4 * 4 : 0);
   static constexpr int kSmemUnstaged = kNumWarps * kSmemSPartElems * 4 + kHeadGroups * kPBuffers * kSmemPBufferElems * 2 +
                                        2 * kBlockH * 4;
   static constexpr int kStages =
@@ -122,7 +129,7 @@ struct SparseMlaFwdTraits {
   static_assert(kCopyStages_ == 2 || (kCopyStages_ == 1 && kDirectCopy && !kRawFp8 && kHeadGroups == 1));
   using OneStage = SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, 1>;
   static constexpr bool kHasDecodedFp8Variant = kRawFp8;
-  static_assert(kFp8RawTiles_ || kFormat == KvFormat::kFp8E4m3);
+  static_assert(kFp8RawTiles_ || kFormat == KvFormat::kFp8E4m3 || kDsMla);
   using DecodedFp8 = SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, kCopyStages_, false>;
 
   static constexpr int kSmemKVOffset = 0;
@@ -130,8 +137,8 @@ struct SparseMlaFwdTraits {
   static constexpr int kSmemPOffset = kSmemSOffset + kNumWarps * kSmemSPartElems * 4;  // [g][buffer][16][pitch]
   static constexpr int kSmemStatsOffset = kSmemPOffset + kHeadGroups * kPBuffers * kSmemPBufferElems * 2;
   static constexpr int kSmemValidOffset = kSmemStatsOffset + 2 * kBlockH * 4;  // alpha, l (unused with register P)
-  static constexpr int kSmemScaleOffset = kSmemValidOffset + kStages * kBlockN * 4;  // fp8_ds_mla [stage][row][4]
-  static constexpr int kSmemBytes = kSmemScaleOffset + (kDsMla ? kStages * kBlockN * 4 * 4 : 0);
+  static constexpr int kSmemScaleOffset = kSmemValidOffset + kStages * kBlockN * 4;  // [stage][row][4]
+  static constexpr int kSmemBytes = kSmemScaleOffset + (kScaleBuffer ? kStages * kBlockN * 4 * 4 : 0);
   static_assert(kSmemBytes == kSmemUnstaged + kStages * kSmemPerStage);
 
   static_assert(kSmemBytes <= kSmemBudgetBytes,

@@ -1,7 +1,8 @@
 // fp8 cache values in fp16, the MMA type of every fp8 configuration (kernel_traits.h). e4m3
 // values are exactly representable in fp16, so decoding is exact; the kernel applies the scales
-// in fp32. Raw fp8_e4m3 tiles are decoded per MMA fragment (e4m3x2_to_half2); other fp8 rows are
-// loaded into registers one tile ahead and decoded into shared memory (Fp8RowLoader).
+// in fp32. Raw fp8 tiles are decoded per MMA fragment (e4m3x2_to_half2, bf16x2_to_half2); in the
+// decode-once variant fp8 rows are loaded into registers one tile ahead and decoded into shared
+// memory (Fp8RowLoader).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,6 +24,12 @@ __device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t pair) {
   return *reinterpret_cast<const uint32_t*>(&h2);
 }
 
+// Two bf16 values -> fp16x2 (fp8_ds_mla's rope), exact within fp16's range.
+__device__ __forceinline__ uint32_t bf16x2_to_half2(uint32_t pair) {
+  const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pair));
+  return pack2<__half>(f.x, f.y);
+}
+
 // 16 e4m3 values -> 16 fp16 (two 16-byte chunks).
 __device__ __forceinline__ void e4m3x16_decode(uint4 raw, uint4& lo, uint4& hi) {
   const uint32_t in[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -41,7 +48,7 @@ __device__ __forceinline__ void e4m3x16_decode(uint4 raw, uint4& lo, uint4& hi) 
 template <typename Traits>
 struct Fp8RowLoader {
   static constexpr KvFormat kFormat = Traits::kFormat;
-  static_assert((kFormat == KvFormat::kFp8E4m3 && !Traits::kRawFp8) || kFormat == KvFormat::kFp8DsMla);
+  static_assert(!Traits::kRawFp8 && (kFormat == KvFormat::kFp8E4m3 || kFormat == KvFormat::kFp8DsMla));
   using Element = typename Traits::Element;
   static_assert(std::is_same_v<Element, __half>, "fp8 rows are decoded into fp16 (kernel_traits.h)");
   static constexpr int kD = Traits::kHeadDim;
@@ -92,14 +99,9 @@ struct Fp8RowLoader {
     if constexpr (kDsRope) {
 #pragma unroll
       for (int i = 0; i < kRopePerThread; ++i) {
-        uint4 v = rope[i];
-        uint32_t* w = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
-          w[k] = pack2<__half>(f.x, f.y);
-        }
-        reinterpret_cast<uint4*>(dst + kKvLoraRank)[sub + i * kTpr] = v;
+        const uint4 v = rope[i];
+        reinterpret_cast<uint4*>(dst + kKvLoraRank)[sub + i * kTpr] =
+            make_uint4(bf16x2_to_half2(v.x), bf16x2_to_half2(v.y), bf16x2_to_half2(v.z), bf16x2_to_half2(v.w));
       }
     }
     if constexpr (Traits::kDsMla) {

@@ -129,11 +129,14 @@ cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream)
 }
 
 template <typename Traits>
-int sparse_mla_fwd_blocks_per_sm(bool one_stage) {
+int sparse_mla_fwd_blocks_per_sm(FwdVariant variant) {
   if constexpr (Traits::kHasOneStageVariant) {
-    if (one_stage) return blocks_per_sm_of<typename Traits::OneStage>();
+    if (variant == FwdVariant::kOneStage) return blocks_per_sm_of<typename Traits::OneStage>();
   }
-  return one_stage ? 0 : blocks_per_sm_of<Traits>();
+  if constexpr (Traits::kHasDecodedFp8Variant) {
+    if (variant == FwdVariant::kDecodedFp8) return blocks_per_sm_of<typename Traits::DecodedFp8>();
+  }
+  return variant == FwdVariant::kMain ? blocks_per_sm_of<Traits>() : 0;
 }
 
 }  // namespace sparse_mla

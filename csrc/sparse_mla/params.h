@@ -49,11 +49,15 @@ struct SparseMlaFwdParams {
   // Planned for the one-stage 16-head 16-bit kernel (api.h plan_fwd_splits), which the launch
   // then runs. Read by the launch only.
   bool one_stage;
-  // fp8_e4m3: run the variant that decodes each tile once into shared memory instead of the one
+  // fp8 caches: run the variant that decodes each tile once into shared memory instead of the one
   // with raw tiles (kernel_traits.h DecodedFp8; api.h decoded_fp8_plan). Read by the launch only.
   bool decoded_fp8;
 };
 
 constexpr int kCombineDecodeSplitGroups = 4;
+
+// A kernel of one configuration: its main kernel, or one of the variants the planner may pick
+// (kernel_traits.h OneStage for 16-head 16-bit caches, DecodedFp8 for fp8 caches).
+enum class FwdVariant : int { kMain = 0, kOneStage = 1, kDecodedFp8 = 2 };
 
 }  // namespace sparse_mla

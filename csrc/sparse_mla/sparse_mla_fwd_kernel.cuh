@@ -8,8 +8,9 @@
 //                     with register P (fp8_ds_mla) every warp does it for its head group.
 //   3. O += P V       each warp: 16 heads x 128 columns, K-dim = 32 rows, V = the first 512
 //                     columns of the same shared tile.
-// A masked slot is zero-filled without a read and its score forced to -inf. fp8_e4m3 tiles stay
-// raw in shared memory and are decoded per MMA fragment in phases 1 and 3 (kernel_traits.h).
+// A masked slot is zero-filled without a read and its score forced to -inf. fp8 tiles stay raw
+// in shared memory and are decoded per MMA fragment in phases 1 and 3 (kernel_traits.h), but in
+// the DecodedFp8 variant.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -87,7 +88,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   static_assert(kSmemBytes == Traits::kSmemBytes);
   using Element = typename Traits::Element;
   using QElement = typename Traits::QElement;
-  constexpr int kD = Traits::kHeadDim;
   constexpr int kBlockH = Traits::kBlockH;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kPitch = Traits::kSmemPitch;
@@ -154,6 +154,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     return s < kLatentSteps ? (wq * kLatentSteps + s) * 16
                             : kKvLoraRank + (wq * Traits::kRopeStepsPerWarp + s - kLatentSteps) * 16;
   };
+  // Whether k-step s reads raw fp8 bytes (raw fp8_ds_mla tiles keep their rope in bf16).
+  auto raw_fp8_step = [&](int s) { return Traits::kRawFp8 && !(Traits::kDsMla && s >= kLatentSteps); };
 
   // fp8 register path: the tile in flight. Issued first so its latency overlaps the Q loads.
   using Loader = std::conditional_t<Traits::kDirectCopy, int, Fp8RowLoader<Traits>>;
@@ -174,7 +176,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       if constexpr (Traits::kDirectCopy) {
         const int row_in_tile = g_row + i * kGatherRowStride;
         uint8_t* dst = sKV_raw + stage * Traits::kSmemKVStageBytes + row_in_tile * Traits::kSmemRowBytes;
-        constexpr int kRowChunks = kv_row_bytes(Traits::kFormat, kD) / 16;
+        constexpr int kRowChunks = Traits::kGatherRowBytes / 16;
 #pragma unroll
         for (int c = g_sub; c < kRowChunks; c += kGatherTpr) cp_async_16(dst + c * 16, row + c * 16, valid);
         if (g_sub == 0) sValid[stage * kBlockN + row_in_tile] = valid;
@@ -233,7 +235,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int rr = i & 1;
-        const int c = step_col(s) + (Traits::kRawFp8 ? (lane % 4) * 4 + (i >> 1) * 2 : (lane % 4) * 2 + (i >> 1) * 8);
+        const int c = step_col(s) + (raw_fp8_step(s) ? (lane % 4) * 4 + (i >> 1) * 2 : (lane % 4) * 2 + (i >> 1) * 8);
         const QElement* src = c < p.q_nope_dim ? qn[rr] + c : qp[rr] + (c - p.q_nope_dim);
         const uint32_t raw = ok[rr] ? __ldg(reinterpret_cast<const uint32_t*>(src)) : 0u;
         if constexpr (!Traits::kQConvert) {
@@ -302,6 +304,15 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const Element* sK = sKV + stage * (kBlockN * kPitch);
     const uint8_t* sK_bytes = sKV_raw + stage * Traits::kSmemKVStageBytes;  // raw fp8 tiles
     const float* sScaleK = sScale + stage * (kBlockN * 4);
+    // fp8_ds_mla: the scale of `key`'s scale tile wq (this warp's latent columns), from the raw
+    // record or from the decoded tile's scale buffer.
+    auto tile_scale = [&](int key) {
+      if constexpr (Traits::kRawFp8) {
+        return *reinterpret_cast<const float*>(sK_bytes + key * Traits::kSmemRowBytes + kDsMlaScaleOffset + wq * 4);
+      } else {
+        return sScaleK[key * 4 + wq];
+      }
+    };
 
     // 1. Partial S = Q K^T over this warp's k-steps, all 32 rows. fp8_ds_mla: the latent part is
     //    scaled per row by scale tile wq in fp32; the bf16 rope part has scale 1.
@@ -311,7 +322,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       const Element* k_base = sK + ((lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) & 1) * 8;
 #pragma unroll
       for (int s = 0; s < kSteps; ++s) {
-        if constexpr (Traits::kRawFp8) {
+        if (raw_fp8_step(s)) {
           // Matrix nt = keys 8 nt.., the step's 16 bytes read as 8 b16: thread (n = lane / 4,
           // j = lane % 4) gets bytes 4j .. 4j + 3 of key 8 nt + n, k-steps (2j, 2j + 1) and
           // (2j + 8, 2j + 9) in Q's permuted order.
@@ -324,6 +335,19 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
             for (int part = 0; part < kQParts; ++part)
               mma_16816<Element>(acc_s[nt], q_frag[s][part], e4m3x2_to_half2(r[nt]), e4m3x2_to_half2(r[nt] >> 16));
           }
+          continue;
+        }
+        if constexpr (Traits::kRawFp8 && Traits::kDsMla) {
+          // Raw fp8_ds_mla rope step: bf16 at record byte kDsMlaRopeOffset + 2 (column - 512).
+          // Matrix nt = keys 8 nt.., 8 columns: thread (n, j) gets columns 2j, 2j + 1 of key
+          // 8 nt + n, a B fragment in the usual order (Q's rope is not permuted), as fp16.
+          uint32_t lo[4], hi[4];
+          const uint8_t* rope = sK_bytes + lane * Traits::kSmemRowBytes + kDsMlaRopeOffset + (step_col(s) - kKvLoraRank) * 2;
+          ldmatrix_x4(lo, rope);
+          ldmatrix_x4(hi, rope + 16);
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt)
+            mma_16816<Element>(acc_rope[nt], q_frag[s][0], bf16x2_to_half2(lo[nt]), bf16x2_to_half2(hi[nt]));
           continue;
         }
         uint32_t b[2][4];
@@ -341,7 +365,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       if constexpr (Traits::kDsMla) {
         // The norm of this warp's P (see kernel_traits.h) for the tile: lane r holds row r's
         // scale of tile wq.
-        float smax = sScaleK[lane * 4 + wq];
+        float smax = tile_scale(lane);
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) smax = fmaxf(smax, __shfl_xor_sync(~0u, smax, o));
         ds_norm_prev = ds_norm;
@@ -351,7 +375,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       for (int nt = 0; nt < 4; ++nt) {
         if constexpr (Traits::kDsMla) {
           const int key = nt * 8 + (lane % 4) * 2;
-          const float sc0 = sScaleK[key * 4 + wq], sc1 = sScaleK[(key + 1) * 4 + wq];
+          const float sc0 = tile_scale(key), sc1 = tile_scale(key + 1);
           acc_s[nt][0] = sc0 * acc_s[nt][0] + acc_rope[nt][0];
           acc_s[nt][1] = sc1 * acc_s[nt][1] + acc_rope[nt][1];
           acc_s[nt][2] = sc0 * acc_s[nt][2] + acc_rope[nt][2];
@@ -398,7 +422,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int key = nt * 8 + (lane % 4) * 2 + e;
-          scale[nt][e] = sScaleK[key * 4 + wq] * inv_norm;
+          scale[nt][e] = tile_scale(key) * inv_norm;
           const bool ok = sValid[stage * kBlockN + key] != 0;
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) {

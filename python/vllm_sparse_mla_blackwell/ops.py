@@ -114,23 +114,25 @@ def unsupported_device_reason(capability: tuple[int, int]) -> str | None:
 
 
 def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, num_heads: int,
-                      device: torch.device | str | int | None = None, *, one_stage: bool = False) -> int:
+                      device: torch.device | str | int | None = None, *, one_stage: bool = False,
+                      decoded_fp8: bool = False) -> int:
     """Blocks of the forward kernel one SM of ``device`` (default: the current CUDA device) holds
     at once, as the CUDA occupancy calculator gives it for the kernel configuration of q/out
     ``dtype`` (``torch.bfloat16`` or ``torch.float16``), ``kv_cache_dtype`` (``"bfloat16"``,
     ``"float16"``, ``"fp8_e4m3"`` or ``"fp8_ds_mla"``; not ``"auto"``), ``head_size`` (512 or
-    576) and ``num_heads`` (1-16 run 16-head blocks, 17-128 32-head ones); with ``one_stage``,
-    those of the configuration's one-stage variant (16-head 16-bit caches only; 0 for the
-    others). The split planner plans with these counts: a launch runs the one-stage kernel where
-    an SM holds one two-stage block but two one-stage ones and the plan suits it
-    (csrc/sparse_mla/api.h ``plan_fwd_splits``). For ``"fp8_e4m3"`` the count is that of the
-    kernel with raw tiles, which the planned launches of more than one block per SM run (its
-    decode-once variant runs grids of one wave; api.h ``decoded_fp8_plan``). With
-    ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the environment of the process, the counts an sm_120 SM
-    would give (README). Raises ``ValueError`` for any other value and ``RuntimeError`` without
-    the op library."""
+    576) and ``num_heads`` (1-16 run 16-head blocks, 17-128 32-head ones). For the fp8 formats
+    that kernel keeps its tiles raw in shared memory. With ``one_stage``, the count of the
+    configuration's one-stage variant (16-head 16-bit caches only); with ``decoded_fp8``, that of
+    its variant that decodes each tile once (fp8 caches, but not 32-head blocks at D = 512, which
+    always decode once); 0 where the configuration has no such variant. The split planner plans
+    with these counts: a launch runs a variant where an SM holds one block of the main kernel but
+    two of the variant (for the one-stage one, where the plan suits it), the decode-once one also
+    in grids of one wave and before sm_89 (csrc/sparse_mla/api.h ``plan_fwd_splits``,
+    ``decoded_fp8_plan``). With ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the environment of the
+    process, the counts an sm_120 SM would give (README). Raises ``ValueError`` for any other
+    value or both variants at once, and ``RuntimeError`` without the op library."""
     device = _cuda_device(device)
-    return int(_ops().fwd_blocks_per_sm(dtype, kv_cache_dtype, head_size, num_heads, device, one_stage))
+    return int(_ops().fwd_blocks_per_sm(dtype, kv_cache_dtype, head_size, num_heads, device, one_stage, decoded_fp8))
 
 
 def _cuda_device(device: torch.device | str | int | None) -> torch.device:

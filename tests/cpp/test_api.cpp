@@ -227,10 +227,11 @@ TEST(SplitPlan, OneStageKernelWhereTwoBlocksShareAnSmForLong) {
 }
 
 TEST(SplitPlan, OneStagePlanOnlyWhereItDoublesTheBlocksPerSm) {
-  EXPECT_TRUE(one_stage_occupancy(1, 2));   // sm_120: one two-stage block, two one-stage
-  EXPECT_TRUE(one_stage_occupancy(1, 3));   // sm_80
-  EXPECT_FALSE(one_stage_occupancy(2, 4));  // the H200: two two-stage blocks fit
-  EXPECT_FALSE(one_stage_occupancy(1, 1));  // no second one-stage block
+  EXPECT_TRUE(variant_occupancy(1, 2));   // sm_120: one two-stage block, two one-stage
+  EXPECT_TRUE(variant_occupancy(1, 3));   // sm_80
+  EXPECT_FALSE(variant_occupancy(2, 4));  // the H200: two two-stage blocks fit
+  EXPECT_FALSE(variant_occupancy(1, 1));  // no second one-stage block
+  EXPECT_FALSE(variant_occupancy(1, 0));  // no variant
   const int64_t ws = workspace_size(132);
   // sm_120's occupancy (one two-stage block per SM, two one-stage): T = 64 plans four splits of
   // 16 tiles for two blocks per SM, T = 1024 stays unsplit; both run the one-stage kernel.
@@ -256,10 +257,17 @@ TEST(SplitPlan, OneStagePlanOnlyWhereItDoublesTheBlocksPerSm) {
 }
 
 // sm_120's occupancies as launch.h fwd_blocks_per_sm reports them: 16-head 16-bit kernels one
-// two-stage block per SM and two one-stage ones; the other configurations have no variant (0).
-int sm120_like_blocks_per_sm(DType, KvFormat format, int, int num_heads, bool one_stage) {
-  const bool variant = num_heads <= 16 && (format == KvFormat::kBFloat16 || format == KvFormat::kFloat16);
-  return one_stage ? (variant ? 2 : 0) : 1;
+// two-stage block per SM and two one-stage ones; 16-head fp8 kernels two of raw tiles and two
+// decode-once ones, but fp8_ds_mla at D = 576 one of raw tiles; the other configurations one
+// block and no variant (0).
+int sm120_like_blocks_per_sm(DType, KvFormat format, int head_size, int num_heads, FwdVariant variant) {
+  const bool sixteen = num_heads <= 16;
+  const bool bits16 = format == KvFormat::kBFloat16 || format == KvFormat::kFloat16;
+  switch (variant) {
+    case FwdVariant::kOneStage: return sixteen && bits16 ? 2 : 0;
+    case FwdVariant::kDecodedFp8: return bits16 ? 0 : sixteen ? 2 : 1;
+    default: return sixteen && !bits16 && !(format == KvFormat::kFp8DsMla && head_size == 576) ? 2 : 1;
+  }
 }
 
 TEST(SplitPlan, LaunchPlanCarriesTheKernelVariant) {
@@ -280,6 +288,36 @@ TEST(SplitPlan, LaunchPlanCarriesTheKernelVariant) {
   EXPECT_FALSE(plan_sparse_mla_fwd(good_args(1024), true, 132).params.one_stage);
 }
 
+TEST(SplitPlan, DecodedFp8KernelWhereItDoublesTheBlocksPerSm) {
+  const int64_t ws = workspace_size(170);
+  // One block of raw tiles per SM, two decode-once ones (sm_120, 16-head fp8_ds_mla at D = 576):
+  // the decode-once kernel at its occupancy, whatever the grid.
+  for (int T : {1, 16, 64, 1024}) {
+    const SplitPlan p = plan_fwd_splits(T, 16, 2048, 170, ws, 1, 0, 2);
+    EXPECT_TRUE(p.decoded_fp8 && !p.one_stage) << T;
+    EXPECT_EQ(p.num_splits, plan_splits(T, 16, 2048, 170, ws, 2).num_splits) << T;
+  }
+  // The H200 (two of raw tiles), no second decode-once block, no variant: the main kernel's plan.
+  for (const auto& [raw, decoded] : {std::pair{2, 2}, std::pair{1, 1}, std::pair{1, 0}}) {
+    const SplitPlan p = plan_fwd_splits(64, 16, 2048, 170, ws, raw, 0, decoded);
+    EXPECT_FALSE(p.decoded_fp8) << raw << " " << decoded;
+    EXPECT_EQ(p.num_splits, plan_splits(64, 16, 2048, 170, ws, raw).num_splits) << raw << " " << decoded;
+  }
+  // Through the launch plan, with sm_120's occupancies (an RTX 5090's 170 SMs, sm_120).
+  auto decoded = [](const char* kv_cache_dtype, int64_t D, int64_t T, int64_t H) {
+    SparseMlaFwdArgs a = good_args(T, H, D);
+    const bool ds_mla = std::string(kv_cache_dtype) == "fp8_ds_mla";
+    a.kv_cache = tensor(ScalarType::kUInt8, {256, 64, ds_mla ? 656 : D}, 1);
+    a.kv_cache_dtype = kv_cache_dtype;
+    return plan_sparse_mla_fwd(a, true, 170, &sm120_like_blocks_per_sm, 120).params.decoded_fp8;
+  };
+  EXPECT_TRUE(decoded("fp8_ds_mla", 576, 1024, 16));
+  EXPECT_FALSE(decoded("fp8_ds_mla", 512, 1024, 16));  // two of raw tiles fit
+  EXPECT_FALSE(decoded("fp8_ds_mla", 576, 1024, 32));  // one block per SM either way
+  EXPECT_FALSE(decoded("fp8_e4m3", 576, 1024, 16));
+  EXPECT_TRUE(decoded("fp8_e4m3", 576, 16, 16));       // one wave (decoded_fp8_plan)
+}
+
 TEST(SplitPlan, DecodedFp8KernelForGridsOfOneWave) {
   // 132 SMs; 16 heads are one block per token, 64 heads two.
   EXPECT_TRUE(decoded_fp8_plan(1, 16, {34, 2}, 132));     // T = 1: 34 blocks
@@ -293,7 +331,7 @@ TEST(SplitPlan, DecodedFp8KernelForGridsOfOneWave) {
   EXPECT_TRUE(decoded_fp8_plan(64, 16, {4, 17}, 132, 86));
   EXPECT_TRUE(decoded_fp8_plan(64, 16, {4, 17}, 0, 80));
   for (int sm : {89, 90, 120, 121, 0}) EXPECT_FALSE(decoded_fp8_plan(64, 16, {4, 17}, 132, sm)) << sm;
-  // The launch plan sets it for fp8_e4m3 caches only.
+  // The launch plan sets it for fp8 caches only.
   auto e4m3 = [](int64_t T, int64_t H) {
     SparseMlaFwdArgs a = good_args(T, H);
     a.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 576}, 1);
@@ -311,6 +349,10 @@ TEST(SplitPlan, DecodedFp8KernelForGridsOfOneWave) {
     EXPECT_FALSE(plan_sparse_mla_fwd(a, true, 170, nullptr, 120).params.decoded_fp8);  // an RTX 5090
   }
   EXPECT_FALSE(plan_sparse_mla_fwd(good_args(1), true, 132).params.decoded_fp8);  // bf16
+  SparseMlaFwdArgs ds_mla = good_args(1, 16);
+  ds_mla.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 656}, 1);
+  ds_mla.kv_cache_dtype = "fp8_ds_mla";
+  EXPECT_TRUE(plan_sparse_mla_fwd(ds_mla, true, 132).params.decoded_fp8);
 }
 
 TEST(SplitPlan, WorkspaceCoversEveryPlan) {

@@ -1,5 +1,5 @@
 // GoogleTest of the tile configuration (csrc/sparse_mla/kernel_traits.h): the stages of each
-// cache format, fp8_e4m3's raw tiles, and what they leave of sm_120's occupancy.
+// cache format, fp8 raw tiles, and what they leave of sm_120's occupancy.
 #include <gtest/gtest.h>
 
 #include "kernel_traits.h"
@@ -20,10 +20,12 @@ void expect_stages(int stages_16_heads, int stages_32_heads) {
   EXPECT_EQ(Group1::kStages, stages_16_heads) << "16 heads, D " << kHeadDim << ", format " << static_cast<int>(kFormat);
   EXPECT_EQ(Group2::kStages, stages_32_heads) << "32 heads, D " << kHeadDim << ", format " << static_cast<int>(kFormat);
   if constexpr (kFormat == KvFormat::kFp8E4m3 || kFormat == KvFormat::kFp8DsMla) {
-    // Two 16-head fp8 blocks share an sm_120 SM: fp8_e4m3's two raw stages are as small as
-    // fp8_ds_mla's one decoded stage (which stays at one: with two, one block, 0.64-0.96x,
-    // bench/NOTES.md v11); without its P copies (register P) fp8_ds_mla at D = 576 fits too.
-    EXPECT_EQ(sm120_blocks_by_smem<Group1>(), 2) << "D " << kHeadDim;
+    // Two 16-head fp8 blocks share an sm_120 SM, with two stages of raw tiles (but fp8_ds_mla
+    // at D = 576, 52,608 bytes) or one decoded stage (decoded ones stay at one: with two, one
+    // block, 0.64-0.96x, bench/NOTES.md v11).
+    const bool raw_fits = !(kFormat == KvFormat::kFp8DsMla && kHeadDim == kHeadSizeRoPE);
+    EXPECT_EQ(sm120_blocks_by_smem<Group1>(), raw_fits ? 2 : 1) << "D " << kHeadDim;
+    EXPECT_EQ(sm120_blocks_by_smem<typename Group1::DecodedFp8>(), 2) << "D " << kHeadDim;
   }
 }
 
@@ -38,6 +40,8 @@ TEST(KernelTraits, SixteenBitAndFp8E4m3CachesCopyTwoStages) {
   // stages; Fp8E4m3TilesStayRawWithAConflictFreePitch below.)
   expect_stages<__nv_bfloat16, KvFormat::kFp8E4m3, 512>(2, 2);
   expect_stages<__half, KvFormat::kFp8E4m3, 576>(2, 2);
+  expect_stages<__nv_bfloat16, KvFormat::kFp8DsMla, 512>(2, 2);
+  expect_stages<__half, KvFormat::kFp8DsMla, 576>(2, 2);
 }
 
 TEST(KernelTraits, Fp8E4m3TilesStayRawWithAConflictFreePitch) {
@@ -50,8 +54,24 @@ TEST(KernelTraits, Fp8E4m3TilesStayRawWithAConflictFreePitch) {
   // 32-head blocks at D = 512 always decode into shared memory, and have no variant.
   using E4m3Glm32 = SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 512, 2>;
   static_assert(!E4m3Glm32::kRawFp8 && !E4m3Glm32::kHasDecodedFp8Variant);
-  static_assert(!SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 1>::kRawFp8);
   static_assert(!SparseMlaFwdTraits<__half, KvFormat::kBFloat16, 576, 1>::kRawFp8);
+}
+
+TEST(KernelTraits, Fp8DsMlaTilesStayRawAsStored) {
+  // The record as stored (latent, scales, bf16 rope: 41 x 16 bytes), without the rope at D = 512
+  // (33 x 16); its scales are read from the tile, not a separate buffer.
+  using DsMla576 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 1>;
+  using DsMla512 = SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kFp8DsMla, 512, 1>;
+  static_assert(DsMla576::kRawFp8 && DsMla576::kDirectCopy && !DsMla576::kScaleBuffer);
+  EXPECT_EQ(DsMla576::kSmemRowBytes, kDsMlaRecordBytes);
+  EXPECT_EQ(DsMla576::kGatherRowBytes, kDsMlaRecordBytes);
+  EXPECT_EQ(DsMla512::kSmemRowBytes, kDsMlaRopeOffset);
+  EXPECT_EQ(DsMla512::kGatherRowBytes, kDsMlaRopeOffset);
+  EXPECT_EQ(DsMla576::kSmemBytes, 52608);
+  static_assert(SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 2>::kRawFp8);
+  // As for fp8_e4m3, 32-head blocks at D = 512 always decode once.
+  using DsMlaGlm32 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 512, 2>;
+  static_assert(!DsMlaGlm32::kRawFp8 && DsMlaGlm32::kScaleBuffer && !DsMlaGlm32::kHasDecodedFp8Variant);
 }
 
 TEST(KernelTraits, Fp8E4m3HasADecodedTileVariantThatFitsTwicePerSm120Sm) {
@@ -59,7 +79,7 @@ TEST(KernelTraits, Fp8E4m3HasADecodedTileVariantThatFitsTwicePerSm120Sm) {
   using Decoded = E4m3::DecodedFp8;
   static_assert(E4m3::kHasDecodedFp8Variant && !Decoded::kRawFp8 && !Decoded::kDirectCopy);
   static_assert(!Decoded::kHasDecodedFp8Variant && !Decoded::kHasOneStageVariant);
-  static_assert(!SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 1>::kHasDecodedFp8Variant);
+  static_assert(SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 1>::kHasDecodedFp8Variant);
   static_assert(!SparseMlaFwdTraits<__half, KvFormat::kFloat16, 576, 1>::kHasDecodedFp8Variant);
   EXPECT_EQ(Decoded::kStages, 1);
   EXPECT_EQ((SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 576, 2>::DecodedFp8::kStages), 2);
@@ -68,15 +88,17 @@ TEST(KernelTraits, Fp8E4m3HasADecodedTileVariantThatFitsTwicePerSm120Sm) {
 }
 
 TEST(KernelTraits, Fp8DsMlaKeepsPInRegistersAndDecodesIntoTwoStagesIn32HeadBlocks) {
-  expect_stages<__half, KvFormat::kFp8DsMla, 512>(1, 2);
-  // 32-head fp8_ds_mla at D = 576 needed 105,984 bytes for two stages with four P copies per
-  // head group in shared memory; with P in registers, 96,768.
-  expect_stages<__nv_bfloat16, KvFormat::kFp8DsMla, 576>(1, 2);
-  using DsMla576 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 2>;
-  static_assert(DsMla576::kRegisterP && DsMla576::kPBuffers == 0);
+  // The decode-once kernels: 32-head fp8_ds_mla at D = 576 needed 105,984 bytes for two stages
+  // with four P copies per head group in shared memory; with P in registers, 96,768.
+  using DsMla576 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 2>::DecodedFp8;
+  static_assert(DsMla576::kRegisterP && DsMla576::kPBuffers == 0 && !DsMla576::kRawFp8);
   static_assert(!SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 576, 2>::kRegisterP);
+  EXPECT_EQ(DsMla576::kStages, 2);
   EXPECT_EQ(DsMla576::kSmemBytes, 96768);
-  EXPECT_EQ((SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 1>::kSmemBytes), 48384);
+  EXPECT_EQ((SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 512, 2>::kStages), 2);
+  using DsMla576x16 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 1>::DecodedFp8;
+  EXPECT_EQ(DsMla576x16::kStages, 1);
+  EXPECT_EQ(DsMla576x16::kSmemBytes, 48384);
 }
 
 TEST(KernelTraits, SixteenHeadSixteenBitBlocksHaveAOneStageVariantThatFitsTwicePerSm120Sm) {
