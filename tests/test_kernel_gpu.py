@@ -83,8 +83,9 @@ def test_fp8_raw_and_decoded_tile_kernels(head_size, num_heads, kv_cache_dtype):
     sms = props.multi_processor_count
     layout = "split_q" if head_size == 576 else "strided"
     raw_tiles = (num_heads <= 16 or head_size == 576) and (props.major, props.minor) >= (8, 9)
-    if kv_cache_dtype == "fp8_ds_mla" and num_heads <= 16 and head_size == 576:
-        raw_tiles = raw_tiles and ops.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, num_heads) >= 2
+    occupancy = [ops.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, num_heads, decoded_fp8=decoded)
+                 for decoded in (False, True)]
+    raw_tiles = raw_tiles and not (occupancy[0] < 2 <= occupancy[1])  # api.h variant_raises_occupancy
     for num_tokens, topk, raw in ((1, 64, False), (7, 64, False), (2 * sms, 512, raw_tiles)):
         for masking in ("random", "topk_len"):
             case = Case(head_size=head_size, num_heads=num_heads, topk=topk, num_tokens=num_tokens,

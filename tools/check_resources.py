@@ -60,7 +60,7 @@ def short_name(demangled: str) -> tuple[str, int]:
     if m:
         dyn = int(m.group(3))
         parts = m.group(2).replace("__nv_bfloat16", "bf16").replace("__half", "fp16").split(", ")
-        raw_fp8 = parts.pop() if len(parts) == 6 else "true"  # fp8_e4m3 tiles raw in shared memory
+        raw_fp8 = parts.pop() if len(parts) == 6 else "true"  # fp8 tiles raw in shared memory
         copy_stages = parts.pop() if len(parts) == 5 else "2"  # cp.async stages of 16-bit caches
         if len(parts) == 4:  # q dtype, cache, D, head groups
             parts[3] = f"{16 * int(parts[3])} heads"

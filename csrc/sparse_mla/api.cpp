@@ -259,14 +259,14 @@ bool decoded_fp8_plan(int num_tokens, int num_heads, const SplitPlan& plan, int 
 
 SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
                           int blocks_per_sm, int one_stage_blocks_per_sm, int decoded_fp8_blocks_per_sm) {
-  if (variant_occupancy(blocks_per_sm, one_stage_blocks_per_sm)) {
+  if (variant_raises_occupancy(blocks_per_sm, one_stage_blocks_per_sm)) {
     SplitPlan plan = plan_splits(num_tokens, num_heads, topk, num_sms, workspace_bytes, one_stage_blocks_per_sm);
     if (one_stage_plan(num_tokens, num_heads, plan, num_sms)) {
       plan.one_stage = true;
       return plan;
     }
   }
-  if (variant_occupancy(blocks_per_sm, decoded_fp8_blocks_per_sm)) {
+  if (variant_raises_occupancy(blocks_per_sm, decoded_fp8_blocks_per_sm)) {
     SplitPlan plan = plan_splits(num_tokens, num_heads, topk, num_sms, workspace_bytes, decoded_fp8_blocks_per_sm);
     plan.decoded_fp8 = true;
     return plan;
@@ -414,9 +414,12 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   const auto occupancy = [&](FwdVariant variant) {
     return ask ? blocks_per_sm(dtype, format, p.head_size, p.num_heads, variant) : variant == FwdVariant::kMain ? 1 : 0;
   };
-  const SplitPlan split =
-      plan_fwd_splits(p.num_tokens, p.num_heads, p.topk, num_sms, workspace_bytes, occupancy(FwdVariant::kMain),
-                      occupancy(FwdVariant::kOneStage), occupancy(FwdVariant::kDecodedFp8));
+  const int decoded_fp8_blocks = occupancy(FwdVariant::kDecodedFp8);
+  const bool pre_fp8_convert = sm_version > 0 && sm_version < kFp8ConvertSmVersion;  // always decoded
+  const SplitPlan split = plan_fwd_splits(
+      p.num_tokens, p.num_heads, p.topk, num_sms, workspace_bytes,
+      pre_fp8_convert && decoded_fp8_blocks > 0 ? decoded_fp8_blocks : occupancy(FwdVariant::kMain),
+      occupancy(FwdVariant::kOneStage), decoded_fp8_blocks);
   p.num_splits = split.num_splits;
   p.tiles_per_split = split.tiles_per_split;
   p.one_stage = split.one_stage;

@@ -104,7 +104,7 @@ int combine_split_groups(int num_tokens, int num_heads, int num_splits, int num_
 // and sm_86 / sm_89 (100 KB per SM), sm_80 (164 KB, unmeasured there); the decode-once 16-head
 // fp8_ds_mla kernel at D = 576 (DecodedFp8, 48 KB against 53 KB of raw tiles) on those with
 // 100 KB. Not on the H200, which holds two blocks of every 16-head main kernel.
-constexpr bool variant_occupancy(int blocks_per_sm, int variant_blocks_per_sm) {
+constexpr bool variant_raises_occupancy(int blocks_per_sm, int variant_blocks_per_sm) {
   return blocks_per_sm < 2 && variant_blocks_per_sm >= 2;
 }
 
@@ -118,9 +118,10 @@ constexpr bool variant_occupancy(int blocks_per_sm, int variant_blocks_per_sm) {
 bool one_stage_plan(int num_tokens, int num_heads, const SplitPlan& plan, int num_sms);
 constexpr int kOneStageMinTiles = 16;
 
-// The launch's split plan and kernel variant: where variant_occupancy holds for the one-stage
-// variant and the plan at its occupancy passes one_stage_plan, that plan with one_stage set;
-// else where it holds for the decode-once fp8 variant (decoded_fp8_blocks_per_sm; 0: none),
+// The launch's split plan and kernel variant: where variant_raises_occupancy holds for the
+// one-stage variant and the plan at its occupancy passes one_stage_plan, that plan with
+// one_stage set; else where it holds for the decode-once fp8 variant (DecodedFp8;
+// decoded_fp8_blocks_per_sm, 0: none),
 // the plan at that variant's occupancy with decoded_fp8 set (with sm_120's occupancy on the
 // H200, the 16-head fp8_ds_mla D576 kernel of raw tiles, one per SM, ran 0.90-0.99x the
 // decode-once one, two per SM; bench/NOTES.md v14); otherwise plan_splits at the main kernel's
@@ -128,14 +129,16 @@ constexpr int kOneStageMinTiles = 16;
 SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
                           int blocks_per_sm, int one_stage_blocks_per_sm, int decoded_fp8_blocks_per_sm = 0);
 
-// Whether an fp8 launch of `plan` (made for the kernel of raw tiles) should run the kernel variant that decodes each tile once
-// into shared memory (kernel_traits.h DecodedFp8) rather than per MMA fragment: the grid is one
+// Whether an fp8 launch of `plan` should run the kernel variant that decodes each tile once into
+// shared memory (kernel_traits.h DecodedFp8) rather than per MMA fragment: the grid is one
 // wave, at most one block per SM, where the raw tiles' extra conversions lengthen every tile
 // and their smaller shared-memory traffic does not pay (T = 1, 4, 16: 0.81-0.95x with raw tiles;
 // T >= 64 at 16 heads 1.07-1.30x; bench/NOTES.md v13); or the device (sm_version, 10 x major +
 // minor) predates sm_89's e4m3 -> f16x2 instruction, where each of the raw path's twice as many
 // conversions is a software sequence (unmeasured there, so the decode-once kernel of v12 runs).
-// The one-wave rule needs num_sms > 0; sm_version 0 is unknown.
+// The one-wave rule needs num_sms > 0; sm_version 0 is unknown. plan_sparse_mla_fwd plans
+// launches before sm_89 at the decode-once kernel's occupancy (a one-wave grid's plan is the
+// same at any occupancy).
 bool decoded_fp8_plan(int num_tokens, int num_heads, const SplitPlan& plan, int num_sms, int sm_version = 0);
 constexpr int kFp8ConvertSmVersion = 89;
 

@@ -19,7 +19,8 @@ constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 // QElement: q / out type. kFormat: cache row format. kHeadDim: D (512 or 576). kHeadGroups:
 // groups of 16 heads per block. kCopyStages: cp.async stages of a 16-bit or raw fp8 cache (2; 1
 // only for the 16-head 16-bit variant that api.h plan_fwd_splits picks). kFp8RawTiles: fp8 tiles
-// stay raw in shared memory (false for the variant api.h decoded_fp8_plan picks, and always for
+// stay raw in shared memory (false for the decode-once variant that api.h plan_fwd_splits and
+// decoded_fp8_plan pick, and always for
 // 32-head blocks at D = 512, which ran 0.94-1.00x (fp8_e4m3, v13) and 0.98x (fp8_ds_mla, v14)
 // with raw tiles on the H200; bench/NOTES.md).
 template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2,
@@ -99,8 +100,9 @@ struct SparseMlaFwdTraits {
   // P buffers per head group (none with P in registers).
   static constexpr int kPBuffers = kRegisterP ? 0 : kPParts;
 
-  // Rows padded by 16 bytes: ldmatrix reads 8 rows at one column, and a row pitch that is an
-  // odd multiple of 16 bytes (mod 128) puts those rows in 8 different bank groups.
+  // ldmatrix reads 8 rows at one column, and a row pitch that is an odd multiple of 16 bytes
+  // (mod 128) puts those rows in 8 different bank groups: rows are padded by 16 bytes, but for
+  // raw fp8_ds_mla records, whose sizes already are.
   static constexpr int kSmemPitch = kHeadDim + 8;  // elements of a decoded or 16-bit row
   // Raw fp8_ds_mla rows: the record without its rope (D = 512) or all of it, 33 or 41 x 16 bytes.
   static constexpr int kSmemRowBytes = !kRawFp8 ? kSmemPitch * 2

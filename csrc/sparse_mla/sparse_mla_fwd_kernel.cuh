@@ -341,6 +341,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           // Raw fp8_ds_mla rope step: bf16 at record byte kDsMlaRopeOffset + 2 (column - 512).
           // Matrix nt = keys 8 nt.., 8 columns: thread (n, j) gets columns 2j, 2j + 1 of key
           // 8 nt + n, a B fragment in the usual order (Q's rope is not permuted), as fp16.
+          static_assert(kQParts == 1, "fp8 caches run fp16 MMAs: Q in one part");
           uint32_t lo[4], hi[4];
           const uint8_t* rope = sK_bytes + lane * Traits::kSmemRowBytes + kDsMlaRopeOffset + (step_col(s) - kKvLoraRank) * 2;
           ldmatrix_x4(lo, rope);

@@ -58,7 +58,8 @@ def case_groups(quick: bool, kv_dtypes: tuple[str, ...]) -> dict[str, list[Case]
     g["masking"] = [
         Case(head_size=d, num_heads=16, topk=512, num_tokens=64, masking=m) for d in HEAD_SIZES
         for m in ("none", "random", "causal", "all_masked", "invalid", "topk_len")
-    ] + [  # fp8 in grids of more than one block per SM, which keep tiles raw (kernel_traits.h)
+    ] + [  # fp8 in grids of more than one block per SM, which keep tiles raw where the planner
+        # does not pick the decode-once kernel (api.h plan_fwd_splits, decoded_fp8_plan)
         Case(head_size=d, num_heads=16, topk=512, num_tokens=300, masking=m, kv_cache_dtype=kv)
         for d in HEAD_SIZES for kv in kv_dtypes if kv in KV_FP8 for m in ("random", "topk_len")
     ]

@@ -227,11 +227,11 @@ TEST(SplitPlan, OneStageKernelWhereTwoBlocksShareAnSmForLong) {
 }
 
 TEST(SplitPlan, OneStagePlanOnlyWhereItDoublesTheBlocksPerSm) {
-  EXPECT_TRUE(variant_occupancy(1, 2));   // sm_120: one two-stage block, two one-stage
-  EXPECT_TRUE(variant_occupancy(1, 3));   // sm_80
-  EXPECT_FALSE(variant_occupancy(2, 4));  // the H200: two two-stage blocks fit
-  EXPECT_FALSE(variant_occupancy(1, 1));  // no second one-stage block
-  EXPECT_FALSE(variant_occupancy(1, 0));  // no variant
+  EXPECT_TRUE(variant_raises_occupancy(1, 2));   // sm_120: one two-stage block, two one-stage
+  EXPECT_TRUE(variant_raises_occupancy(1, 3));   // sm_80
+  EXPECT_FALSE(variant_raises_occupancy(2, 4));  // the H200: two two-stage blocks fit
+  EXPECT_FALSE(variant_raises_occupancy(1, 1));  // no second one-stage block
+  EXPECT_FALSE(variant_raises_occupancy(1, 0));  // no variant
   const int64_t ws = workspace_size(132);
   // sm_120's occupancy (one two-stage block per SM, two one-stage): T = 64 plans four splits of
   // 16 tiles for two blocks per SM, T = 1024 stays unsplit; both run the one-stage kernel.
@@ -265,7 +265,7 @@ int sm120_like_blocks_per_sm(DType, KvFormat format, int head_size, int num_head
   const bool bits16 = format == KvFormat::kBFloat16 || format == KvFormat::kFloat16;
   switch (variant) {
     case FwdVariant::kOneStage: return sixteen && bits16 ? 2 : 0;
-    case FwdVariant::kDecodedFp8: return bits16 ? 0 : sixteen ? 2 : 1;
+    case FwdVariant::kDecodedFp8: return bits16 || (!sixteen && head_size == 512) ? 0 : sixteen ? 2 : 1;
     default: return sixteen && !bits16 && !(format == KvFormat::kFp8DsMla && head_size == 576) ? 2 : 1;
   }
 }
@@ -292,11 +292,14 @@ TEST(SplitPlan, DecodedFp8KernelWhereItDoublesTheBlocksPerSm) {
   const int64_t ws = workspace_size(170);
   // One block of raw tiles per SM, two decode-once ones (sm_120, 16-head fp8_ds_mla at D = 576):
   // the decode-once kernel at its occupancy, whatever the grid.
-  for (int T : {1, 16, 64, 1024}) {
+  for (int T : {1, 16, 32, 64, 1024}) {  // T = 32: 5 x 13 tiles at one block per SM, 8 x 8 at two
     const SplitPlan p = plan_fwd_splits(T, 16, 2048, 170, ws, 1, 0, 2);
+    const SplitPlan want = plan_splits(T, 16, 2048, 170, ws, 2);
     EXPECT_TRUE(p.decoded_fp8 && !p.one_stage) << T;
-    EXPECT_EQ(p.num_splits, plan_splits(T, 16, 2048, 170, ws, 2).num_splits) << T;
+    EXPECT_EQ(p.num_splits, want.num_splits) << T;
+    EXPECT_EQ(p.tiles_per_split, want.tiles_per_split) << T;
   }
+  EXPECT_NE(plan_splits(32, 16, 2048, 170, ws, 1).num_splits, plan_splits(32, 16, 2048, 170, ws, 2).num_splits);
   // The H200 (two of raw tiles), no second decode-once block, no variant: the main kernel's plan.
   for (const auto& [raw, decoded] : {std::pair{2, 2}, std::pair{1, 1}, std::pair{1, 0}}) {
     const SplitPlan p = plan_fwd_splits(64, 16, 2048, 170, ws, raw, 0, decoded);
@@ -316,6 +319,26 @@ TEST(SplitPlan, DecodedFp8KernelWhereItDoublesTheBlocksPerSm) {
   EXPECT_FALSE(decoded("fp8_ds_mla", 576, 1024, 32));  // one block per SM either way
   EXPECT_FALSE(decoded("fp8_e4m3", 576, 1024, 16));
   EXPECT_TRUE(decoded("fp8_e4m3", 576, 16, 16));       // one wave (decoded_fp8_plan)
+}
+
+// An SM of an sm_86-like GPU holding two 16-head fp8 blocks of raw tiles but one decode-once block.
+int raw_twice_decoded_once(DType, KvFormat, int, int, FwdVariant variant) {
+  return variant == FwdVariant::kMain ? 2 : variant == FwdVariant::kDecodedFp8 ? 1 : 0;
+}
+
+TEST(SplitPlan, BeforeSm89TheDecodeOnceKernelIsPlannedAtItsOwnOccupancy) {
+  SparseMlaFwdArgs a = good_args(32, 16);
+  a.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 576}, 1);
+  a.kv_cache_dtype = "fp8_e4m3";
+  const int64_t ws = workspace_size(132);  // good_args' workspace
+  for (const auto& [sm_version, blocks] : {std::pair{86, 1}, std::pair{120, 2}}) {
+    const SparseMlaFwdParams p = plan_sparse_mla_fwd(a, true, 170, &raw_twice_decoded_once, sm_version).params;
+    const SplitPlan want = plan_splits(32, 16, 2048, 170, ws, blocks);
+    EXPECT_EQ(p.decoded_fp8, sm_version == 86);
+    EXPECT_EQ(p.num_splits, want.num_splits) << sm_version;
+    EXPECT_EQ(p.tiles_per_split, want.tiles_per_split) << sm_version;
+  }
+  EXPECT_NE(plan_splits(32, 16, 2048, 170, ws, 1).num_splits, plan_splits(32, 16, 2048, 170, ws, 2).num_splits);
 }
 
 TEST(SplitPlan, DecodedFp8KernelForGridsOfOneWave) {

@@ -31,7 +31,7 @@ void expect_stages(int stages_16_heads, int stages_32_heads) {
 
 }  // namespace
 
-TEST(KernelTraits, SixteenBitAndFp8E4m3CachesCopyTwoStages) {
+TEST(KernelTraits, SixteenBitAndFp8CachesCopyTwoStages) {
   expect_stages<__nv_bfloat16, KvFormat::kBFloat16, 512>(2, 2);
   expect_stages<__nv_bfloat16, KvFormat::kBFloat16, 576>(2, 2);
   expect_stages<__half, KvFormat::kFloat16, 512>(2, 2);
@@ -74,7 +74,7 @@ TEST(KernelTraits, Fp8DsMlaTilesStayRawAsStored) {
   static_assert(!DsMlaGlm32::kRawFp8 && DsMlaGlm32::kScaleBuffer && !DsMlaGlm32::kHasDecodedFp8Variant);
 }
 
-TEST(KernelTraits, Fp8E4m3HasADecodedTileVariantThatFitsTwicePerSm120Sm) {
+TEST(KernelTraits, Fp8CachesHaveADecodeOnceVariantThatFitsTwicePerSm120Sm) {
   using E4m3 = SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 576, 1>;
   using Decoded = E4m3::DecodedFp8;
   static_assert(E4m3::kHasDecodedFp8Variant && !Decoded::kRawFp8 && !Decoded::kDirectCopy);
