@@ -121,11 +121,10 @@ constexpr int kOneStageMinTiles = 16;
 // The launch's split plan and kernel variant: where variant_raises_occupancy holds for the
 // one-stage variant and the plan at its occupancy passes one_stage_plan, that plan with
 // one_stage set; else where it holds for the decode-once fp8 variant (DecodedFp8;
-// decoded_fp8_blocks_per_sm, 0: none),
-// the plan at that variant's occupancy with decoded_fp8 set (with sm_120's occupancy on the
-// H200, the 16-head fp8_ds_mla D576 kernel of raw tiles, one per SM, ran 0.90-0.99x the
-// decode-once one, two per SM; bench/NOTES.md v14); otherwise plan_splits at the main kernel's
-// occupancy.
+// decoded_fp8_blocks_per_sm, 0: none), the plan at that variant's occupancy with decoded_fp8 set
+// (with sm_120's occupancy on the H200, the 16-head fp8_ds_mla D576 kernel of raw tiles, one per
+// SM, ran 0.90-0.99x the decode-once one, two per SM; bench/NOTES.md v14); otherwise
+// plan_splits at the main kernel's occupancy.
 SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
                           int blocks_per_sm, int one_stage_blocks_per_sm, int decoded_fp8_blocks_per_sm = 0);
 

@@ -20,9 +20,8 @@ constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 // groups of 16 heads per block. kCopyStages: cp.async stages of a 16-bit or raw fp8 cache (2; 1
 // only for the 16-head 16-bit variant that api.h plan_fwd_splits picks). kFp8RawTiles: fp8 tiles
 // stay raw in shared memory (false for the decode-once variant that api.h plan_fwd_splits and
-// decoded_fp8_plan pick, and always for
-// 32-head blocks at D = 512, which ran 0.94-1.00x (fp8_e4m3, v13) and 0.98x (fp8_ds_mla, v14)
-// with raw tiles on the H200; bench/NOTES.md).
+// decoded_fp8_plan pick, and always for 32-head blocks at D = 512, which ran 0.94-1.00x
+// (fp8_e4m3, v13) and 0.98x (fp8_ds_mla, v14) with raw tiles on the H200; bench/NOTES.md).
 template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2,
           bool kFp8RawTiles_ = (kFormat_ != KvFormat::kFp8E4m3 && kFormat_ != KvFormat::kFp8DsMla) || kHeadGroups_ == 1 ||
                                kHeadDim_ == kHeadSizeRoPE>
