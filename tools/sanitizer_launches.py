@@ -32,6 +32,7 @@ from vllm_sparse_mla_blackwell import cases, verify
 
 
 def passed(r: cases.CaseResult) -> bool:
+    """verify's verdict, for fp8_ds_mla without the cosine bar (module docstring)."""
     if r.case.kv_cache_dtype != "fp8_ds_mla":
         return r.passed
     return (r.all_written and r.masked_exact and max(r.max_rel_err, r.max_rel_err_rounded) <= cases.MAX_REL_ERR
