@@ -253,7 +253,7 @@ bool one_stage_plan(int num_tokens, int num_heads, const SplitPlan& plan, int nu
 }
 
 bool decoded_fp8_plan(int num_tokens, int num_heads, const SplitPlan& plan, int num_sms, int sm_version) {
-  if (sm_version > 0 && sm_version < kFp8ConvertSmVersion) return true;
+  if (software_fp8_convert(sm_version)) return true;
   return num_sms > 0 && unsplit_blocks(num_tokens, num_heads) * plan.num_splits <= num_sms;
 }
 
@@ -415,15 +415,15 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
     return ask ? blocks_per_sm(dtype, format, p.head_size, p.num_heads, variant) : variant == FwdVariant::kMain ? 1 : 0;
   };
   const int decoded_fp8_blocks = occupancy(FwdVariant::kDecodedFp8);
-  const bool pre_fp8_convert = sm_version > 0 && sm_version < kFp8ConvertSmVersion;  // always decoded
+  // Before sm_89 every fp8 launch decodes once (decoded_fp8_plan): planned at that occupancy.
   const SplitPlan split = plan_fwd_splits(
       p.num_tokens, p.num_heads, p.topk, num_sms, workspace_bytes,
-      pre_fp8_convert && decoded_fp8_blocks > 0 ? decoded_fp8_blocks : occupancy(FwdVariant::kMain),
+      software_fp8_convert(sm_version) && decoded_fp8_blocks > 0 ? decoded_fp8_blocks : occupancy(FwdVariant::kMain),
       occupancy(FwdVariant::kOneStage), decoded_fp8_blocks);
   p.num_splits = split.num_splits;
   p.tiles_per_split = split.tiles_per_split;
   p.one_stage = split.one_stage;
-  p.decoded_fp8 = (format == KvFormat::kFp8E4m3 || format == KvFormat::kFp8DsMla) &&
+  p.decoded_fp8 = is_fp8(format) &&
                   (split.decoded_fp8 || decoded_fp8_plan(p.num_tokens, p.num_heads, split, num_sms, sm_version));
   p.combine_split_groups = combine_split_groups(p.num_tokens, p.num_heads, p.num_splits, num_sms);
   if (p.num_splits > 1) {

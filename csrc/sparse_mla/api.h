@@ -140,6 +140,8 @@ SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int topk, int num_sms, 
 // same at any occupancy).
 bool decoded_fp8_plan(int num_tokens, int num_heads, const SplitPlan& plan, int num_sms, int sm_version = 0);
 constexpr int kFp8ConvertSmVersion = 89;
+// Whether a device of `sm_version` (0: unknown) converts e4m3 in software.
+constexpr bool software_fp8_convert(int sm_version) { return sm_version > 0 && sm_version < kFp8ConvertSmVersion; }
 
 // Workspace bytes that cover every split plan on a device with num_sms SMs.
 int64_t workspace_size(int num_sms);

@@ -42,6 +42,9 @@ enum class KvFormat : int {
   kFp8DsMla = 3,  // the 656-byte record above
 };
 
+// fp8_e4m3 or fp8_ds_mla: rows decoded to fp16 for the MMAs (kernel_traits.h).
+constexpr bool is_fp8(KvFormat fmt) { return fmt == KvFormat::kFp8E4m3 || fmt == KvFormat::kFp8DsMla; }
+
 // Bytes of one cache row for a format and head size.
 constexpr int kv_row_bytes(KvFormat fmt, int head_size) {
   return fmt == KvFormat::kFp8DsMla ? kDsMlaRecordBytes

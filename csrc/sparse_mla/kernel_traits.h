@@ -23,8 +23,7 @@ constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 // decoded_fp8_plan pick, and always for 32-head blocks at D = 512, which ran 0.94-1.00x
 // (fp8_e4m3, v13) and 0.98x (fp8_ds_mla, v14) with raw tiles on the H200; bench/NOTES.md).
 template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2,
-          bool kFp8RawTiles_ = (kFormat_ != KvFormat::kFp8E4m3 && kFormat_ != KvFormat::kFp8DsMla) || kHeadGroups_ == 1 ||
-                               kHeadDim_ == kHeadSizeRoPE>
+          bool kFp8RawTiles_ = !is_fp8(kFormat_) || kHeadGroups_ == 1 || kHeadDim_ == kHeadSizeRoPE>
 struct SparseMlaFwdTraits {
   using QElement = QElement_;
   static constexpr KvFormat kFormat = kFormat_;
@@ -92,7 +91,7 @@ struct SparseMlaFwdTraits {
   // of the tile before, where it fits the ceiling (with register P every one does), 16-head ones
   // into their one stage between two barriers of their own, which keeps two of them on an
   // sm_120 SM (bench/NOTES.md v11).
-  static constexpr bool kRawFp8 = (kFormat == KvFormat::kFp8E4m3 || kDsMla) && kFp8RawTiles_;
+  static constexpr bool kRawFp8 = is_fp8(kFormat) && kFp8RawTiles_;
   static constexpr bool kDirectCopy = kFormat == KvFormat::kBFloat16 || kFormat == KvFormat::kFloat16 || kRawFp8;
   static constexpr int kQParts = kQSplit ? 2 : 1;
   static constexpr int kPParts = kPSplit ? 2 : 1;
@@ -130,7 +129,7 @@ struct SparseMlaFwdTraits {
   static_assert(kCopyStages_ == 2 || (kCopyStages_ == 1 && kDirectCopy && !kRawFp8 && kHeadGroups == 1));
   using OneStage = SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, 1>;
   static constexpr bool kHasDecodedFp8Variant = kRawFp8;
-  static_assert(kFp8RawTiles_ || kFormat == KvFormat::kFp8E4m3 || kDsMla);
+  static_assert(kFp8RawTiles_ || is_fp8(kFormat));
   using DecodedFp8 = SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, kCopyStages_, false>;
 
   static constexpr int kSmemKVOffset = 0;

@@ -48,7 +48,7 @@ __device__ __forceinline__ void e4m3x16_decode(uint4 raw, uint4& lo, uint4& hi) 
 template <typename Traits>
 struct Fp8RowLoader {
   static constexpr KvFormat kFormat = Traits::kFormat;
-  static_assert(!Traits::kRawFp8 && (kFormat == KvFormat::kFp8E4m3 || kFormat == KvFormat::kFp8DsMla));
+  static_assert(!Traits::kRawFp8 && is_fp8(kFormat));
   using Element = typename Traits::Element;
   static_assert(std::is_same_v<Element, __half>, "fp8 rows are decoded into fp16 (kernel_traits.h)");
   static constexpr int kD = Traits::kHeadDim;
