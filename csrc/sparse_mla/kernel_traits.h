@@ -36,19 +36,22 @@ struct SparseMlaFwdTraits {
   // fp32. q enters exactly too (in fp16's range): as is, bf16 -> fp16, or fp16 -> bf16 split into
   // hi + lo bf16 parts. P in bf16 would lose 2^-9 (per-row cosine ~0.999996), so with a bf16
   // cache P is split into hi + lo; in fp16 (2^-12) one part is enough, which halves the P V MMAs
-  // of the fp16 and fp8 caches.
+  // of the fp16 and fp8_e4m3 caches, whose P rounds p itself (exact for a row's largest, 1).
+  // fp8_ds_mla's P carries the key scales (below), so fp16 rounds even the dominant terms: rows
+  // where a few keys dominate reached 0.9999975 (topk 96-128; tools/fp8_p_rounding.py,
+  // bench/NOTES.md v14), and its P is split into hi + lo fp16 too (v15: >= 0.9999989).
   static constexpr bool kMmaBf16 = kFormat == KvFormat::kBFloat16;
   using Element = std::conditional_t<kMmaBf16, __nv_bfloat16, __half>;  // MMA operand type
   static constexpr bool kQConvert = !std::is_same_v<QElement, Element>;
   static constexpr bool kQSplit = kMmaBf16 && kQConvert;
-  static constexpr bool kPSplit = kMmaBf16;
+  static constexpr bool kPSplit = kMmaBf16 || kFormat == KvFormat::kFp8DsMla;
   // fp8_ds_mla folds its per-row scales into P. P is fp16 there, where a small scale would push
   // it into the subnormals, so each warp divides its P copy by a power of two near the tile's
   // largest scale; the accumulator is multiplied back in the next tile's rescale and in the
-  // epilogue (both exact). Each warp's P differs (its column tile's scales), so there every warp
-  // runs the tile's softmax itself from the four partial scores and keeps P in registers
-  // (kRegisterP): no P copies in shared memory and one barrier fewer per tile (v5 measured
-  // 1.07-1.15x for this format, bench/NOTES.md; the other formats lost with it).
+  // epilogue (both exact). Each warp's P differs (its column tile's scales), so the softmax
+  // threads write p in fp32, and every warp builds its own P fragments from it in registers
+  // (kRegisterP): no P copies in shared memory. (v14 ran the softmax in every warp instead, which
+  // saved a barrier but read the four partial scores four times: bench/NOTES.md v15.)
   static constexpr bool kDsMla = kFormat == KvFormat::kFp8DsMla;
   static constexpr bool kRegisterP = kDsMla;
 
@@ -57,7 +60,7 @@ struct SparseMlaFwdTraits {
   //   S = Q K^T: all 32 rows of the tile over its quarter of D (latent columns 128w..128w+127,
   //              which is fp8_ds_mla scale tile w, plus rope k-step w when D = 576), with its
   //              Q fragments held in registers for the whole kernel; the four partial scores
-  //              are summed by the softmax threads (with register P by every warp).
+  //              are summed by the softmax threads.
   //   O += P V:  its 128 of the 512 output columns over the tile's 32 rows, so it holds
   //              16 x 128 fp32 accumulators (64 registers per thread).
   static constexpr int kHeadGroups = kHeadGroups_;
@@ -88,9 +91,9 @@ struct SparseMlaFwdTraits {
   // runs there (32-head blocks at D = 512: always; kFp8RawTiles above).
   // In that variant fp8 rows are loaded into registers one tile ahead and decoded on the way
   // into shared memory; 32-head blocks (one per SM anyway) decode into a second stage at the end
-  // of the tile before, where it fits the ceiling (with register P every one does), 16-head ones
-  // into their one stage between two barriers of their own, which keeps two of them on an
-  // sm_120 SM (bench/NOTES.md v11).
+  // of the tile before, where it fits the ceiling (fp8_ds_mla's, without P copies, always does),
+  // 16-head ones into their one stage between two barriers of their own, which keeps two of them
+  // on an sm_120 SM (bench/NOTES.md v11).
   static constexpr bool kRawFp8 = is_fp8(kFormat) && kFp8RawTiles_;
   static constexpr bool kDirectCopy = kFormat == KvFormat::kBFloat16 || kFormat == KvFormat::kFloat16 || kRawFp8;
   static constexpr int kQParts = kQSplit ? 2 : 1;
@@ -108,8 +111,8 @@ struct SparseMlaFwdTraits {
                                                  : kHeadDim + 16;
   static constexpr int kGatherRowBytes = kRawFp8 && kDsMla ? kSmemRowBytes : kv_row_bytes(kFormat, kHeadDim);
   static_assert(kSmemRowBytes % 16 == 0 && (kSmemRowBytes / 16) % 2 == 1);
-  // fp32 scores; register-P warps read them as float2 in accumulator order, which pitch 40
-  // keeps free of bank conflicts (36: two-way).
+  // fp32 scores (and, with register P, p in place of partial 0's), which register-P warps read
+  // as float2 in accumulator order: pitch 40 keeps that free of bank conflicts (36: two-way).
   static constexpr int kSPitch = kBlockN + (kRegisterP ? 8 : 4);
   static constexpr int kPPitch = kBlockN + 8;      // probabilities, Element
 
@@ -136,7 +139,7 @@ struct SparseMlaFwdTraits {
   static constexpr int kSmemSOffset = kSmemKVOffset + kStages * kSmemKVStageBytes;  // [g][w][16][pitch]
   static constexpr int kSmemPOffset = kSmemSOffset + kNumWarps * kSmemSPartElems * 4;  // [g][buffer][16][pitch]
   static constexpr int kSmemStatsOffset = kSmemPOffset + kHeadGroups * kPBuffers * kSmemPBufferElems * 2;
-  static constexpr int kSmemValidOffset = kSmemStatsOffset + 2 * kBlockH * 4;  // alpha, l (unused with register P)
+  static constexpr int kSmemValidOffset = kSmemStatsOffset + 2 * kBlockH * 4;  // alpha, l
   static constexpr int kSmemScaleOffset = kSmemValidOffset + kStages * kBlockN * 4;  // [stage][row][4]
   static constexpr int kSmemBytes = kSmemScaleOffset + (kScaleBuffer ? kStages * kBlockN * 4 * 4 : 0);
   static_assert(kSmemBytes == kSmemUnstaged + kStages * kSmemPerStage);

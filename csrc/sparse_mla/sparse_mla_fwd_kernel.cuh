@@ -5,7 +5,7 @@
 // Per KV tile of kBlockN gathered rows (see kernel_traits.h for the warp roles):
 //   1. S = Q K^T      each warp: 16 heads x 32 rows over a quarter of D, Q from registers.
 //   2. online softmax 8 threads per head sum the 4 partial scores of 4 rows (base 2, fp32);
-//                     with register P (fp8_ds_mla) every warp does it for its head group.
+//                     P is written for phase 3 (fp8_ds_mla: p in fp32, see kRegisterP).
 //   3. O += P V       each warp: 16 heads x 128 columns, K-dim = 32 rows, V = the first 512
 //                     columns of the same shared tile.
 // A masked slot is zero-filled without a read and its score forced to -inf. fp8 tiles stay raw
@@ -272,16 +272,13 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   // fp8_ds_mla: the power-of-two norm of this warp's P copy for the current tile, and the
   // previous tile's, by which acc_o is still divided (folded into the next rescale).
   float ds_norm = 1.f, ds_norm_prev = 1.f;
-  // Register-P warps (kernel_traits.h kRegisterP): the running max and sum of rows lane / 4 and
-  // lane / 4 + 8 of the warp's head group (the sum over this thread's keys until the epilogue).
-  float m_reg[2] = {-INFINITY, -INFINITY}, l_reg[2] = {0.f, 0.f};
 
   float acc_o[Traits::kDvPerWarp / 8][4];
 #pragma unroll
   for (int n = 0; n < Traits::kDvPerWarp / 8; ++n) acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.f;
 
   // Per tile: barrier (tile landed; every warp is past the previous tile, so its stage, sS and
-  // sP are free), S, barrier, softmax, barrier (not with P in registers), P V. With two stages one tile is in
+  // sP are free), S, barrier, softmax, barrier, P V. With two stages one tile is in
   // flight while one is computed; with one (fp8 register path: the next tile waits in registers;
   // 16-bit: the one-stage variant) the stage is refilled behind one more barrier.
   for (int it = 0; it < num_tiles; ++it) {
@@ -315,7 +312,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     };
 
     // 1. Partial S = Q K^T over this warp's k-steps, all 32 rows. fp8_ds_mla: the latent part is
-    //    scaled per row by scale tile wq in fp32; the bf16 rope part has scale 1.
+    //    scaled per row by scale tile wq in fp32; the bf16 rope part has scale 1. Those scales of
+    //    keys 8 nt + 2 (lane % 4) + e are kept for this warp's P (phase 3).
+    float key_scale[4][2];
     {
       float acc_s[4][4] = {};
       float acc_rope[4][4] = {};
@@ -377,6 +376,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         if constexpr (Traits::kDsMla) {
           const int key = nt * 8 + (lane % 4) * 2;
           const float sc0 = tile_scale(key), sc1 = tile_scale(key + 1);
+          key_scale[nt][0] = sc0;
+          key_scale[nt][1] = sc1;
           acc_s[nt][0] = sc0 * acc_s[nt][0] + acc_rope[nt][0];
           acc_s[nt][1] = sc1 * acc_s[nt][1] + acc_rope[nt][1];
           acc_s[nt][2] = sc0 * acc_s[nt][2] + acc_rope[nt][2];
@@ -389,80 +390,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     head_group_sync<Traits::kHeadGroups>(grp);
 
     // 2. Online softmax over the tile.
-    uint32_t p_frag[kBlockN / 16][4];  // register P: the A fragments of P V's two k-steps
-    float alpha_reg[2] = {1.f, 1.f};   // register P: rows lane / 4 and lane / 4 + 8
-    if constexpr (Traits::kRegisterP) {
-      // Every warp of the group computes the same softmax (the partial scores summed in the
-      // same order as below, so bitwise the same m and l), in its S accumulator layout: thread
-      // (r = lane / 4, j = lane % 4) holds rows r and r + 8 at keys 8 nt + 2j and 8 nt + 2j + 1,
-      // which is the A-fragment layout of P for the k-steps of P V (FlashAttention-2). Its P
-      // carries the scales of its own column tile, divided by its norm.
-      const float* s_in = sS + (grp * kWpg) * Traits::kSmemSPartElems + (lane / 4) * Traits::kSPitch + (lane % 4) * 2;
-      float x[4][4];
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          float2 v = make_float2(0.f, 0.f);
-#pragma unroll
-          for (int w = 0; w < kWpg; ++w) {
-            const float2 s2 =
-                *reinterpret_cast<const float2*>(s_in + w * Traits::kSmemSPartElems + hf * 8 * Traits::kSPitch + nt * 8);
-            v.x += s2.x;
-            v.y += s2.y;
-          }
-          x[nt][2 * hf] = v.x;
-          x[nt][2 * hf + 1] = v.y;
-        }
-      }
-      const float inv_norm = pow2_reciprocal(ds_norm);
-      float scale[4][2];
-      float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = nt * 8 + (lane % 4) * 2 + e;
-          scale[nt][e] = tile_scale(key) * inv_norm;
-          const bool ok = sValid[stage * kBlockN + key] != 0;
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            float& xv = x[nt][2 * hf + e];
-            xv = ok ? xv * score_scale : -INFINITY;
-            tile_max[hf] = fmaxf(tile_max[hf], xv);
-          }
-        }
-      }
-      float pr[4][4];
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-#pragma unroll
-        for (int o = 1; o < 4; o <<= 1) tile_max[hf] = fmaxf(tile_max[hf], __shfl_xor_sync(~0u, tile_max[hf], o));
-        const float m_new = fmaxf(m_reg[hf], tile_max[hf]);
-        float psum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            // m_new = -inf: nothing valid so far, p = 0 and the state unchanged
-            pr[nt][2 * hf + e] = m_new != -INFINITY ? exp2f(x[nt][2 * hf + e] - m_new) : 0.f;
-            psum += pr[nt][2 * hf + e];
-          }
-        }
-        if (m_new != -INFINITY) alpha_reg[hf] = exp2f(m_reg[hf] - m_new);
-        l_reg[hf] = l_reg[hf] * alpha_reg[hf] + psum;
-        m_reg[hf] = m_new;
-      }
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {  // (a0, a1, a2, a3) = rows (r, r + 8) x keys (2j, 2j + 8) of the k-step
-          const int nt = 2 * kk + (i >> 1), hf = i & 1;
-          p_frag[kk][i] = pack2<Element>(pr[nt][2 * hf] * scale[nt][0], pr[nt][2 * hf + 1] * scale[nt][1]);
-        }
-      }
-    } else {
-      const float* s_in = sS + (sm_g * kWpg) * Traits::kSmemSPartElems + (sm_h % 16) * Traits::kSPitch + sm_k;
+    {
+      float* s_in = sS + (sm_g * kWpg) * Traits::kSmemSPartElems + (sm_h % 16) * Traits::kSPitch + sm_k;
       float x[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int w = 0; w < kWpg; ++w) {
@@ -494,33 +423,33 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       }
       l_run = l_run * alpha + psum;  // this thread's 4 columns; summed over the 8 at the end
       m_run = m_new;
-      // (Written as the loop over P copies it was before register P: this form reproduces the
-      // SASS the other formats were measured with, bench/NOTES.md v13.)
-      Element* p_row = sP + sm_g * Traits::kPBuffers * Traits::kSmemPBufferElems + (sm_h % 16) * Traits::kPPitch + sm_k;
+      if constexpr (Traits::kRegisterP) {
+        // fp32 p in place of partial score 0, which only this thread reads; each warp builds its
+        // own P from it (phase 3).
+        *reinterpret_cast<float4*>(s_in) = make_float4(pr[0], pr[1], pr[2], pr[3]);
+      } else {
+        // (Written as the loop over P copies it was before register P: this form reproduces the
+        // SASS the other formats were measured with, bench/NOTES.md v13.)
+        Element* p_row = sP + sm_g * Traits::kPBuffers * Traits::kSmemPBufferElems + (sm_h % 16) * Traits::kPPitch + sm_k;
 #pragma unroll
-      for (int w = 0; w < 1; ++w) {
-        float q4[4];
+        for (int w = 0; w < 1; ++w) {
+          float q4[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) q4[i] = pr[i];
-        Element* hi = p_row + (w * kPParts) * Traits::kSmemPBufferElems;
-        Element* lo = hi + Traits::kSmemPBufferElems;
-        store_split2<Element, Traits::kPSplit>(hi, lo, q4[0], q4[1]);
-        store_split2<Element, Traits::kPSplit>(hi + 2, lo + 2, q4[2], q4[3]);
+          for (int i = 0; i < 4; ++i) q4[i] = pr[i];
+          Element* hi = p_row + (w * kPParts) * Traits::kSmemPBufferElems;
+          Element* lo = hi + Traits::kSmemPBufferElems;
+          store_split2<Element, Traits::kPSplit>(hi, lo, q4[0], q4[1]);
+          store_split2<Element, Traits::kPSplit>(hi + 2, lo + 2, q4[2], q4[3]);
+        }
       }
       if ((tid % 8) == 0) sAlpha[sm_h] = alpha;
     }
-    if constexpr (!Traits::kRegisterP) head_group_sync<Traits::kHeadGroups>(grp);
+    head_group_sync<Traits::kHeadGroups>(grp);
 
     // 3. O = alpha * O + P V for this warp's 128 columns.
     {
-      float alpha0, alpha1;
-      if constexpr (Traits::kRegisterP) {
-        alpha0 = alpha_reg[0];
-        alpha1 = alpha_reg[1];
-      } else {
-        alpha0 = sAlpha[grp * 16 + lane / 4];
-        alpha1 = sAlpha[grp * 16 + lane / 4 + 8];
-      }
+      float alpha0 = sAlpha[grp * 16 + lane / 4];
+      float alpha1 = sAlpha[grp * 16 + lane / 4 + 8];
       if constexpr (Traits::kDsMla) {
         // acc_o holds O / norm of the last tile: O / norm = alpha * (norm_prev / norm) * acc_o
         // + P' V, exactly (powers of two); the epilogue multiplies the last norm back. The
@@ -539,13 +468,33 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       }
       const Element* p_base = sP + (grp * Traits::kPBuffers) * Traits::kSmemPBufferElems +
                               (lane % 16) * Traits::kPPitch + (lane / 16) * 8;
+      uint32_t p_frag[kBlockN / 16][kPParts][4];
+      if constexpr (Traits::kRegisterP) {
+        // This warp's P = p * (its column tile's key scales) / norm, built as the A fragments of
+        // P V's k-steps (FlashAttention-2): (a0, a1, a2, a3) = rows (r, r + 8) x keys (2j, 2j + 8)
+        // of k-step kk, r = lane / 4, j = lane % 4, which are the keys of key_scale.
+        const float* p_in = sS + (grp * kWpg) * Traits::kSmemSPartElems + (lane / 4) * Traits::kSPitch + (lane % 4) * 2;
+        const float inv_norm = pow2_reciprocal(ds_norm);
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int nt = 2 * kk + (i >> 1), hf = i & 1;
+            const float2 pv = *reinterpret_cast<const float2*>(p_in + hf * 8 * Traits::kSPitch + nt * 8);
+            split2<Element, Traits::kPSplit>(p_frag[kk][0][i], p_frag[kk][kPParts - 1][i],
+                                             pv.x * (key_scale[nt][0] * inv_norm), pv.y * (key_scale[nt][1] * inv_norm));
+          }
+        }
+      }
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
         uint32_t a[kPParts][4];
         if constexpr (Traits::kRegisterP) {
-          static_assert(kPParts == 1);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) a[0][i] = p_frag[kk][i];
+          for (int part = 0; part < kPParts; ++part) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[part][i] = p_frag[kk][part][i];
+          }
         } else {
 #pragma unroll
           for (int part = 0; part < kPParts; ++part)
@@ -615,34 +564,19 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 #endif
 
   // Epilogue: normalise and write out/lse, or the split's partial result.
-  if constexpr (Traits::kRegisterP) {
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-#pragma unroll
-      for (int o = 1; o < 4; o <<= 1) l_reg[hf] += __shfl_xor_sync(~0u, l_reg[hf], o);
-    }
-  }
 #pragma unroll
   for (int o = 1; o < 8; o <<= 1) l_run += __shfl_xor_sync(~0u, l_run, o);
-  // One thread per head writes its lse: the softmax thread, or with register P warp 0's lane
-  // 4r (rows r and r + 8).
-#pragma unroll
-  for (int hf = 0; hf < (Traits::kRegisterP ? 2 : 1); ++hf) {
-    const bool writer = Traits::kRegisterP ? wq == 0 && (lane % 4) == 0 : (tid % 8) == 0;
-    if (writer) {
-      const int r = Traits::kRegisterP ? grp * 16 + lane / 4 + hf * 8 : sm_h;
-      const float m = Traits::kRegisterP ? m_reg[hf] : m_run;
-      const float l = Traits::kRegisterP ? l_reg[hf] : l_run;
-      if constexpr (!Traits::kRegisterP) sL[r] = l;
-      const int h = h0 + r;
-      if (h < p.num_heads) {
-        // lse in natural log: (m + log2 l) * ln 2, -inf when no slot of this range was valid.
-        const float lse = l > 0.f ? (m + log2f(l)) * 0.69314718055994531f : -INFINITY;
-        if (p.num_splits == 1)
-          p.lse[t * p.lse_stride_t + h * p.lse_stride_h] = lse;
-        else
-          p.partial_lse[(static_cast<int64_t>(split) * p.num_tokens + t) * p.num_heads + h] = lse;
-      }
+  // One thread per head writes its lse: the softmax thread.
+  if ((tid % 8) == 0) {
+    sL[sm_h] = l_run;
+    const int h = h0 + sm_h;
+    if (h < p.num_heads) {
+      // lse in natural log: (m + log2 l) * ln 2, -inf when no slot of this range was valid.
+      const float lse = l_run > 0.f ? (m_run + log2f(l_run)) * 0.69314718055994531f : -INFINITY;
+      if (p.num_splits == 1)
+        p.lse[t * p.lse_stride_t + h * p.lse_stride_h] = lse;
+      else
+        p.partial_lse[(static_cast<int64_t>(split) * p.num_tokens + t) * p.num_heads + h] = lse;
     }
   }
   __syncthreads();
@@ -651,7 +585,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const int r = grp * 16 + lane / 4 + half * 8;
     const int h = h0 + r;
     if (h >= p.num_heads) continue;
-    const float l = Traits::kRegisterP ? l_reg[half] : sL[r];
+    const float l = sL[r];
     const float inv = l > 0.f ? tensor_scale * ds_norm / l : 0.f;
     // Column pair n of this thread's row: its first column and its values (raw fp8 tiles:
     // acc_o[2 b + odd][2 half + e] is column 16 b + 4 (lane % 4) + 2 e + odd, phase 3).

@@ -63,6 +63,8 @@ TEST(KernelTraits, Fp8DsMlaTilesStayRawAsStored) {
   using DsMla576 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 1>;
   using DsMla512 = SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kFp8DsMla, 512, 1>;
   static_assert(DsMla576::kRawFp8 && DsMla576::kDirectCopy && !DsMla576::kScaleBuffer);
+  // Its P (which carries the key scales) in two fp16 parts, fp8_e4m3's in one.
+  static_assert(DsMla576::kPParts == 2 && SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 576, 1>::kPParts == 1);
   EXPECT_EQ(DsMla576::kSmemRowBytes, kDsMlaRecordBytes);
   EXPECT_EQ(DsMla576::kGatherRowBytes, kDsMlaRecordBytes);
   EXPECT_EQ(DsMla512::kSmemRowBytes, kDsMlaRopeOffset);
