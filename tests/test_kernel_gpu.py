@@ -82,7 +82,7 @@ def test_decode_combine_of_more_than_64_splits(num_heads):
 def test_fp8_raw_and_decoded_tile_kernels(head_size, num_heads, kv_cache_dtype):
     """An fp8 cache runs its kernel of raw tiles (decoded per MMA fragment) where the grid has
     more blocks than SMs, and the DecodedFp8 variant (each tile decoded once) in grids of one wave
-    (api.h decoded_fp8_plan), always in 32-head blocks at D = 512 (kernel_traits.h), on GPUs
+    (api.h decoded_fp8_plan), always in fp8_e4m3's 32-head blocks at D = 512 (kernel_traits.h), on GPUs
     before sm_89, and for 16-head fp8_ds_mla at D = 576 where an SM holds two decode-once blocks
     but one of raw tiles (plan_fwd_splits): the profiler must see each where it is planned, both
     with right values under random masks and topk_len, q strided or split. The one-wave launches
@@ -93,7 +93,8 @@ def test_fp8_raw_and_decoded_tile_kernels(head_size, num_heads, kv_cache_dtype):
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
     layout = "split_q" if head_size == 576 else "strided"
-    raw_tiles = (num_heads <= 16 or head_size == 576) and (props.major, props.minor) >= (8, 9)
+    raw_tiles = ((num_heads <= 16 or head_size == 576 or kv_cache_dtype == "fp8_ds_mla")
+                 and (props.major, props.minor) >= (8, 9))
     occupancy = [ops.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, num_heads, decoded_fp8=decoded)
                  for decoded in (False, True)]
     raw_tiles = raw_tiles and not (occupancy[0] < 2 <= occupancy[1])  # api.h variant_raises_occupancy
@@ -114,8 +115,8 @@ def test_fwd_blocks_per_sm():
     block size gets its block's count, a 16-head block (128 threads, <= 87 KB) at least as many
     as a 32-head one (256 threads, <= 99 KB), the 16-head fp8_e4m3 D512 block (44 KB) two, as on
     every target; the one-stage variant (16-head 16-bit caches only, <= 50 KB) at least two and
-    at least the two-stage kernel's count, the decode-once fp8 variant (not in 32-head blocks at
-    D = 512, whose main kernel decodes once) two at 16 heads (<= 49 KB) and one at 32, 0
+    at least the two-stage kernel's count, the decode-once fp8 variant (not in fp8_e4m3's 32-head
+    blocks at D = 512, whose main kernel decodes once) two at 16 heads (<= 49 KB) and one at 32, 0
     elsewhere (bad arguments: test_ops_cpu)."""
     for dtype in (torch.bfloat16, torch.float16):
         for kv in ("bfloat16", "float16", "fp8_e4m3", "fp8_ds_mla"):
@@ -132,7 +133,8 @@ def test_fwd_blocks_per_sm():
                 assert ops.fwd_blocks_per_sm(dtype, kv, head_size, 17, one_stage=True) == 0
                 decoded = [ops.fwd_blocks_per_sm(dtype, kv, head_size, h, decoded_fp8=True) for h in (16, 32)]
                 if kv.startswith("fp8"):
-                    assert decoded == [2, 0 if head_size == 512 else 1], (dtype, kv, head_size, decoded)
+                    no_variant = (kv, head_size) == ("fp8_e4m3", 512)  # that main kernel decodes once
+                    assert decoded == [2, 0 if no_variant else 1], (dtype, kv, head_size, decoded)
                 else:
                     assert decoded == [0, 0], (dtype, kv, head_size, decoded)
     assert ops.fwd_blocks_per_sm(torch.float16, "fp8_e4m3", 512, 16) >= 2

@@ -20,10 +20,12 @@ constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 // groups of 16 heads per block. kCopyStages: cp.async stages of a 16-bit or raw fp8 cache (2; 1
 // only for the 16-head 16-bit variant that api.h plan_fwd_splits picks). kFp8RawTiles: fp8 tiles
 // stay raw in shared memory (false for the decode-once variant that api.h plan_fwd_splits and
-// decoded_fp8_plan pick, and always for 32-head blocks at D = 512, which ran 0.94-1.00x
-// (fp8_e4m3, v13) and 0.98x (fp8_ds_mla, v14) with raw tiles on the H200; bench/NOTES.md).
+// decoded_fp8_plan pick, and always for fp8_e4m3's 32-head blocks at D = 512, which ran
+// 0.94-1.00x with raw tiles on the H200, v13; fp8_ds_mla's, 0.98x in v14, ran 1.03-1.04x in v15
+// once its softmax was shared; bench/NOTES.md).
 template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2,
-          bool kFp8RawTiles_ = !is_fp8(kFormat_) || kHeadGroups_ == 1 || kHeadDim_ == kHeadSizeRoPE>
+          bool kFp8RawTiles_ = !is_fp8(kFormat_) || kHeadGroups_ == 1 || kHeadDim_ == kHeadSizeRoPE ||
+                               kFormat_ == KvFormat::kFp8DsMla>
 struct SparseMlaFwdTraits {
   using QElement = QElement_;
   static constexpr KvFormat kFormat = kFormat_;
@@ -88,7 +90,7 @@ struct SparseMlaFwdTraits {
   // tile, which bound the 16-head fp8 kernels (ncu, bench/NOTES.md v12), for 1.9-2x (16 heads)
   // or 3.8-4x (32 heads) the conversions; in launches of one wave of blocks, each alone on its
   // SM, those cost more than they save (bench/NOTES.md v13), and the DecodedFp8 variant below
-  // runs there (32-head blocks at D = 512: always; kFp8RawTiles above).
+  // runs there (fp8_e4m3's 32-head blocks at D = 512: always; kFp8RawTiles above).
   // In that variant fp8 rows are loaded into registers one tile ahead and decoded on the way
   // into shared memory; 32-head blocks (one per SM anyway) decode into a second stage at the end
   // of the tile before, where it fits the ceiling (fp8_ds_mla's, without P copies, always does),

@@ -48,10 +48,10 @@ def case_groups(quick: bool, kv_dtypes: tuple[str, ...]) -> dict[str, list[Case]
         Case(head_size=d, num_heads=16, topk=2048, num_tokens=64, q_dtype=qd, kv_cache_dtype=kv)
         for d in HEAD_SIZES for qd in ("bf16", "fp16") for kv in kv_dtypes
     ] + [  # fp8 in 32-head blocks, and both kernels of each fp8 format (kernel_traits.h): grids
-        # of one wave, 32-head blocks at D = 512 and GPUs before sm_89 decode each tile once,
-        # other launches keep tiles raw (api.h plan_fwd_splits, decoded_fp8_plan; which case runs
-        # which depends on the GPU: on the H200 T = 7, and T = 64 x 64 heads, decode once,
-        # T = 256 x 64 heads at D = 576 and 16 heads x T = 64 above keep tiles raw)
+        # of one wave, fp8_e4m3's 32-head blocks at D = 512 and GPUs before sm_89 decode each
+        # tile once, other launches keep tiles raw (api.h plan_fwd_splits, decoded_fp8_plan; which
+        # case runs which depends on the GPU: on the H200 T = 7, and T = 64 x 64 heads, decode
+        # once, T = 256 x 64 heads (fp8_e4m3: at D = 576) and 16 heads x T = 64 above keep tiles raw)
         Case(head_size=d, num_heads=h, topk=2048, num_tokens=t, kv_cache_dtype=kv)
         for d in HEAD_SIZES for kv in kv_dtypes if kv in KV_FP8 for h, t in ((64, 64), (64, 256), (16, 7))
     ]

@@ -51,7 +51,7 @@ TEST(KernelTraits, Fp8E4m3TilesStayRawWithAConflictFreePitch) {
   EXPECT_EQ(E4m3::kSmemKVStageBytes, 32 * 592);
   EXPECT_EQ((SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 512, 1>::kSmemRowBytes), 528);
   static_assert(SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 576, 2>::kRawFp8);
-  // 32-head blocks at D = 512 always decode into shared memory, and have no variant.
+  // Its 32-head blocks at D = 512 always decode into shared memory, and have no variant.
   using E4m3Glm32 = SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 512, 2>;
   static_assert(!E4m3Glm32::kRawFp8 && !E4m3Glm32::kHasDecodedFp8Variant);
   static_assert(!SparseMlaFwdTraits<__half, KvFormat::kBFloat16, 576, 1>::kRawFp8);
@@ -71,9 +71,10 @@ TEST(KernelTraits, Fp8DsMlaTilesStayRawAsStored) {
   EXPECT_EQ(DsMla512::kGatherRowBytes, kDsMlaRopeOffset);
   EXPECT_EQ(DsMla576::kSmemBytes, 52608);
   static_assert(SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 2>::kRawFp8);
-  // As for fp8_e4m3, 32-head blocks at D = 512 always decode once.
+  // Unlike fp8_e4m3's, its 32-head blocks at D = 512 keep tiles raw too (bench/NOTES.md v15).
   using DsMlaGlm32 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 512, 2>;
-  static_assert(!DsMlaGlm32::kRawFp8 && DsMlaGlm32::kScaleBuffer && !DsMlaGlm32::kHasDecodedFp8Variant);
+  static_assert(DsMlaGlm32::kRawFp8 && !DsMlaGlm32::kScaleBuffer && DsMlaGlm32::kHasDecodedFp8Variant);
+  static_assert(DsMlaGlm32::DecodedFp8::kScaleBuffer);
 }
 
 TEST(KernelTraits, Fp8CachesHaveADecodeOnceVariantThatFitsTwicePerSm120Sm) {
