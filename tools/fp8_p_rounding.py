@@ -5,10 +5,12 @@ The kernel rounds P for the P V MMAs (kernel_traits.h precision plan). fp8_e4m3 
 to fp16, so a row's largest p (1) is exact; fp8_ds_mla folds each key's scale of the warp's 128
 columns, divided by the tile's power-of-two norm, into P, so every P, the dominant ones included,
 carries the rounding error, and since v15 the kernel carries that P as fp16 hi + lo (two MMAs
-per P V step, as the bf16 cache does in bf16). This script emulates exactly that arithmetic in
-float64 (S, softmax and the norms; only P rounded, per 32-key tile and column tile as the
-kernel does) on a verify case and prints the per-row minimum cosine against the fp32 reference
-rounded to out's dtype, the SPEC §5 metric, with P exact, in one fp16 part, and as fp16 hi + lo:
+per P V step, as the bf16 cache does in bf16). This script emulates that arithmetic in float64
+(S, a softmax against each row's global max rather than the kernel's running max, and the
+norms; only P rounded, per 32-key tile and column tile as the kernel does, but not the fp32
+roundings of exp2 and of p * scale, so its hi + lo figure is close to exact by construction) on
+a verify case and prints the per-row minimum cosine against the fp32 reference rounded to out's
+dtype, the SPEC §5 metric, with P exact, in one fp16 part, and as fp16 hi + lo:
 
     python tools/fp8_p_rounding.py [--num-heads 32] [--topk 128] [--num-tokens 272]
 

@@ -41,7 +41,7 @@ struct SparseMlaFwdTraits {
   // of the fp16 and fp8_e4m3 caches, whose P rounds p itself (exact for a row's largest, 1).
   // fp8_ds_mla's P carries the key scales (below), so fp16 rounds even the dominant terms: rows
   // where a few keys dominate reached 0.9999975 (topk 96-128; tools/fp8_p_rounding.py,
-  // bench/NOTES.md v14), and its P is split into hi + lo fp16 too (v15: >= 0.9999989).
+  // bench/NOTES.md v14), and its P is split into hi + lo fp16 too (v15: >= 0.9999994).
   static constexpr bool kMmaBf16 = kFormat == KvFormat::kBFloat16;
   using Element = std::conditional_t<kMmaBf16, __nv_bfloat16, __half>;  // MMA operand type
   static constexpr bool kQConvert = !std::is_same_v<QElement, Element>;

@@ -259,13 +259,15 @@ TEST(SplitPlan, OneStagePlanOnlyWhereItDoublesTheBlocksPerSm) {
 // sm_120's occupancies as launch.h fwd_blocks_per_sm reports them: 16-head 16-bit kernels one
 // two-stage block per SM and two one-stage ones; 16-head fp8 kernels two of raw tiles and two
 // decode-once ones, but fp8_ds_mla at D = 576 one of raw tiles; the other configurations one
-// block and no variant (0).
+// block, and one of the decode-once variant but for fp8_e4m3's 32-head D = 512 kernel, which has
+// none (0).
 int sm120_like_blocks_per_sm(DType, KvFormat format, int head_size, int num_heads, FwdVariant variant) {
   const bool sixteen = num_heads <= 16;
   const bool bits16 = format == KvFormat::kBFloat16 || format == KvFormat::kFloat16;
   switch (variant) {
     case FwdVariant::kOneStage: return sixteen && bits16 ? 2 : 0;
-    case FwdVariant::kDecodedFp8: return bits16 || (!sixteen && head_size == 512) ? 0 : sixteen ? 2 : 1;
+    case FwdVariant::kDecodedFp8:
+      return bits16 || (!sixteen && head_size == 512 && format == KvFormat::kFp8E4m3) ? 0 : sixteen ? 2 : 1;
     default: return sixteen && !bits16 && !(format == KvFormat::kFp8DsMla && head_size == 576) ? 2 : 1;
   }
 }

@@ -36,8 +36,8 @@ TEST(KernelTraits, SixteenBitAndFp8CachesCopyTwoStages) {
   expect_stages<__nv_bfloat16, KvFormat::kBFloat16, 576>(2, 2);
   expect_stages<__half, KvFormat::kFloat16, 512>(2, 2);
   expect_stages<__half, KvFormat::kFloat16, 576>(2, 2);
-  // (32 heads at D = 512: the decode-once register path, whose 32-head blocks decode into two
-  // stages; Fp8E4m3TilesStayRawWithAConflictFreePitch below.)
+  // (fp8_e4m3's 32 heads at D = 512: the decode-once register path, decoding into two stages;
+  // Fp8E4m3TilesStayRawWithAConflictFreePitch below. fp8_ds_mla: two stages of raw tiles.)
   expect_stages<__nv_bfloat16, KvFormat::kFp8E4m3, 512>(2, 2);
   expect_stages<__half, KvFormat::kFp8E4m3, 576>(2, 2);
   expect_stages<__nv_bfloat16, KvFormat::kFp8DsMla, 512>(2, 2);
@@ -98,7 +98,10 @@ TEST(KernelTraits, Fp8DsMlaKeepsPInRegistersAndDecodesIntoTwoStagesIn32HeadBlock
   static_assert(!SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 576, 2>::kRegisterP);
   EXPECT_EQ(DsMla576::kStages, 2);
   EXPECT_EQ(DsMla576::kSmemBytes, 96768);
-  EXPECT_EQ((SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 512, 2>::kStages), 2);
+  using DsMla512 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 512, 2>::DecodedFp8;
+  EXPECT_EQ(DsMla512::kStages, 2);
+  EXPECT_EQ(DsMla512::kSmemBytes, 88576);
+  EXPECT_EQ((SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 512, 2>::kSmemBytes), 54784);  // raw tiles
   using DsMla576x16 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 1>::DecodedFp8;
   EXPECT_EQ(DsMla576x16::kStages, 1);
   EXPECT_EQ(DsMla576x16::kSmemBytes, 48384);
