@@ -311,6 +311,19 @@ def test_command_line_output_in_a_log_is_not_cut_to_80_columns(same_package_env)
     assert len(first) > 80 and "none is visible" in first and first.rstrip().endswith("Exit 3."), r.stdout
 
 
+def test_bench_pools_every_cache_format_at_its_row_size():
+    """bench times each cache format the kernel reads; its pool rows have that format's bytes."""
+    from vllm_sparse_mla_blackwell import bench
+
+    assert set(bench.KV_DTYPES) == {"bf16", "fp16", "fp8_e4m3", "fp8_ds_mla"}
+    expected = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.uint8, "fp8_ds_mla": torch.uint8}
+    for kv_dtype in bench.KV_DTYPES:
+        for head_size in (512, 576):
+            dtype, width = bench.cache_layout(kv_dtype, head_size)
+            row_bytes = 656 if kv_dtype == "fp8_ds_mla" else head_size * (2 if dtype != torch.uint8 else 1)
+            assert (dtype, width * dtype.itemsize) == (expected[kv_dtype], row_bytes), (kv_dtype, head_size)
+
+
 def test_bench_refuses_unknown_names_before_looking_for_a_gpu():
     from vllm_sparse_mla_blackwell import bench
 

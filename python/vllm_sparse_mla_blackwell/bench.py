@@ -31,7 +31,7 @@ MODELS = {
     "DeepSeek-V3.2": (576, 2048, (128, 64, 16), 0.135234),
 }
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096)
-KV_DTYPES = ("bf16", "fp8_e4m3", "fp8_ds_mla")
+KV_DTYPES = ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla")  # every cache format the kernel reads
 POOL_ROWS = 1 << 18  # 256K rows: 302 MB at 1152 B/row, far beyond L2
 INDEX_SETS = 4
 NAIVE_MAX_TOKENS = 64
@@ -102,15 +102,26 @@ def measure_mma_peak(device) -> float:
     return flops / (ms * 1e-3) / 1e12
 
 
+def cache_layout(kv_dtype: str, head_size: int) -> tuple[torch.dtype, int]:
+    """The pool's element dtype and elements per row for a bench cache dtype (``KV_DTYPES``):
+    16-bit caches hold ``head_size`` values of their dtype, fp8 ones their row bytes as uint8
+    (``formats.kv_row_bytes``: 576 / 512, or fp8_ds_mla's 656-byte record)."""
+    name = formats.KV_CACHE_DTYPES[kv_dtype]
+    width = formats.kv_row_bytes(name, head_size)
+    sixteen_bit = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name in sixteen_bit:
+        return sixteen_bit[name], width // 2
+    return torch.uint8, width
+
+
 def _pool(kv_dtype: str, head_size: int, device) -> tuple[torch.Tensor, str, torch.Tensor | None]:
     gen = torch.Generator(device=device).manual_seed(0)
     kv_c = torch.randn(POOL_ROWS, 512, device=device, generator=gen, dtype=torch.bfloat16)
     k_pe = (torch.randn(POOL_ROWS, head_size - 512, device=device, generator=gen, dtype=torch.bfloat16)
             if head_size > 512 else None)
     name = formats.KV_CACHE_DTYPES[kv_dtype]
-    width = formats.kv_row_bytes(name, head_size)
-    dtype = torch.bfloat16 if kv_dtype == "bf16" else torch.uint8
-    cache = torch.empty(POOL_ROWS // 64, 64, width // (2 if kv_dtype == "bf16" else 1), dtype=dtype, device=device)
+    dtype, width = cache_layout(kv_dtype, head_size)
+    cache = torch.empty(POOL_ROWS // 64, 64, width, dtype=dtype, device=device)
     k_scale = torch.tensor([0.02], device=device) if kv_dtype == "fp8_e4m3" else None
     ops.concat_and_cache_sparse_mla(kv_c, k_pe, cache, torch.arange(POOL_ROWS, device=device), name, k_scale)
     return cache, name, k_scale
@@ -171,7 +182,7 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
             tflops = flops / (ms * 1e-3) / 1e12
             row = Row(model, head_size, num_heads, topk, num_tokens, kv_dtype, ms * 1e3, gms * 1e3,
                       nbytes / (ms * 1e-3) / 1e9, gms / ms, tflops, tflops / mma_peak)
-            if kv_dtype != "bf16" and "bf16" in by_dtype:
+            if kv_dtype.startswith("fp8") and "bf16" in by_dtype:
                 row.fp8_over_bf16 = by_dtype["bf16"].us / row.us
             if naive and kv_dtype == "bf16" and num_tokens <= NAIVE_MAX_TOKENS:
                 rows_bf16 = cache.view(POOL_ROWS, head_size)
@@ -195,7 +206,7 @@ def roofline_png(rows: list[Row], meta: dict, path: str) -> None:
     xs = [10 ** (i / 20) for i in range(-20, 81)]
     ax.plot(xs, [min(meta["mma_sync_peak_tflops"], x * gather_peak / 1e3) for x in xs], "k-",
             label=f"roofline: gather {gather_peak:.0f} GB/s, mma.sync {meta['mma_sync_peak_tflops']:.0f} TFLOP/s")
-    markers = {"bf16": "o", "fp8_e4m3": "s", "fp8_ds_mla": "^"}
+    markers = {"bf16": "o", "fp16": "D", "fp8_e4m3": "s", "fp8_ds_mla": "^"}
     for r in rows:
         intensity = 2.0 * r.num_heads * (r.head_size + 512) / formats.kv_row_bytes(
             formats.KV_CACHE_DTYPES[r.kv_cache_dtype], r.head_size)
@@ -206,7 +217,7 @@ def roofline_png(rows: list[Row], meta: dict, path: str) -> None:
     ax.set_xlabel("FLOP per gathered byte (2·H·(D+512) / row bytes)")
     ax.set_ylabel("TFLOP/s")
     ax.set_title(f"sparse-MLA on {meta['device']} ({meta['date']}): blue D=512, orange D=576; "
-                 "o bf16, s fp8_e4m3, ^ fp8_ds_mla; size ~ log T", fontsize=9)
+                 "o bf16, D fp16, s fp8_e4m3, ^ fp8_ds_mla; size ~ log T", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
