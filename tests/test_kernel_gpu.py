@@ -82,8 +82,8 @@ def test_decode_combine_of_more_than_64_splits(num_heads):
 def test_fp8_raw_and_decoded_tile_kernels(head_size, num_heads, kv_cache_dtype):
     """An fp8 cache runs its kernel of raw tiles (decoded per MMA fragment) where the grid has
     more blocks than SMs, and the DecodedFp8 variant (each tile decoded once) in grids of one wave
-    (api.h decoded_fp8_plan), always in fp8_e4m3's 32-head blocks at D = 512 (kernel_traits.h), on GPUs
-    before sm_89, and for 16-head fp8_ds_mla at D = 576 where an SM holds two decode-once blocks
+    (api.h decoded_fp8_plan), always in fp8_e4m3's 32-head blocks at D = 512 (kernel_traits.h), on
+    GPUs before sm_89, and for 16-head fp8_ds_mla at D = 576 where an SM holds two decode-once blocks
     but one of raw tiles (plan_fwd_splits): the profiler must see each where it is planned, both
     with right values under random masks and topk_len, q strided or split. The one-wave launches
     have two tiles (topk 64: unsplit, T x head blocks <= 14 blocks), the others 2 x SMs tokens of

@@ -10,8 +10,8 @@ top-k axis split across blocks and random masked slots, and three tokens in one 
 random topk_len (for fp8 caches these one-wave grids run the kernel that decodes each tile once);
 and, with 16-bit caches at 8 heads and fp8 caches at 8 and 32, a grid of two blocks per SM with
 random topk_len, which runs the fp8 kernels of raw tiles (not fp8_e4m3's 32 heads at D = 512,
-which always decode each tile once, nor GPUs before sm_89, nor 16-head fp8_ds_mla at D = 576 where an SM holds
-one block of it) and the 16-bit one-stage kernels where an SM holds one two-stage block (sm_120,
+which always decode each tile once, nor GPUs before sm_89, nor 16-head fp8_ds_mla at D = 576
+where an SM holds one block of it) and the 16-bit one-stage kernels where an SM holds one two-stage block (sm_120,
 or any GPU with SPARSE_MLA_SM120_OCCUPANCY=1 set, as README says). The split one-stage launches
 the planner makes there (more blocks than SMs, >= 16 tiles each: thousands of tiles) are left to
 memcheck; their shared memory is used as in the unsplit one-stage launch, and only the global

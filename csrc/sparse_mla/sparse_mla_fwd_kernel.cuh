@@ -428,8 +428,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         // own P from it (phase 3).
         *reinterpret_cast<float4*>(s_in) = make_float4(pr[0], pr[1], pr[2], pr[3]);
       } else {
-        // (Written as the loop over P copies it was before register P: this form reproduces the
-        // SASS the other formats were measured with, bench/NOTES.md v13.)
+        // (Written as the loop over fp8_ds_mla's per-warp P copies it was until v13: this form
+        // reproduces the SASS the other formats were measured with, bench/NOTES.md v13.)
         Element* p_row = sP + sm_g * Traits::kPBuffers * Traits::kSmemPBufferElems + (sm_h % 16) * Traits::kPPitch + sm_k;
 #pragma unroll
         for (int w = 0; w < 1; ++w) {

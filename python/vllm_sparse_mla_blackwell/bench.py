@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from vllm_sparse_mla_blackwell import formats, ops
+from vllm_sparse_mla_blackwell import cases, formats, ops
 
 MODELS = {
     # name: (head_size D, topk, heads per rank, sm_scale)
@@ -104,13 +104,11 @@ def measure_mma_peak(device) -> float:
 
 def cache_layout(kv_dtype: str, head_size: int) -> tuple[torch.dtype, int]:
     """The pool's element dtype and elements per row for a bench cache dtype (``KV_DTYPES``):
-    16-bit caches hold ``head_size`` values of their dtype, fp8 ones their row bytes as uint8
-    (``formats.kv_row_bytes``: 576 / 512, or fp8_ds_mla's 656-byte record)."""
-    name = formats.KV_CACHE_DTYPES[kv_dtype]
-    width = formats.kv_row_bytes(name, head_size)
-    sixteen_bit = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-    if name in sixteen_bit:
-        return sixteen_bit[name], width // 2
+    16-bit caches hold ``head_size`` values of their dtype (``cases.DTYPES``), fp8 ones their row
+    bytes as uint8 (``formats.kv_row_bytes``: 576 / 512, or fp8_ds_mla's 656-byte record)."""
+    width = formats.kv_row_bytes(formats.KV_CACHE_DTYPES[kv_dtype], head_size)
+    if kv_dtype in cases.DTYPES:
+        return cases.DTYPES[kv_dtype], width // 2
     return torch.uint8, width
 
 

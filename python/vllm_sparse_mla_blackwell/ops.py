@@ -124,8 +124,8 @@ def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, n
     that kernel keeps its tiles raw in shared memory. With ``one_stage``, the count of the
     configuration's one-stage variant (16-head 16-bit caches only); with ``decoded_fp8``, that of
     its variant that decodes each tile once (fp8 caches, but not fp8_e4m3's 32-head blocks at
-    D = 512, which always decode once); 0 where the configuration has no such variant. The split planner plans
-    with these counts: a launch runs a variant where an SM holds one block of the main kernel but
+    D = 512, which always decode once); 0 where the configuration has no such variant. The split
+    planner plans with these counts: a launch runs a variant where an SM holds one block of the main kernel but
     two of the variant (for the one-stage one, where the plan suits it), the decode-once one also
     in grids of one wave and before sm_89 (csrc/sparse_mla/api.h ``plan_fwd_splits``,
     ``decoded_fp8_plan``). With ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the environment of the
