@@ -119,3 +119,14 @@ TEST(KernelTraits, SixteenHeadSixteenBitBlocksHaveAOneStageVariantThatFitsTwiceP
   EXPECT_EQ(sm120_blocks_by_smem<Fp16>(), 1);
   EXPECT_EQ(sm120_blocks_by_smem<Fp16::OneStage>(), 2);
 }
+
+TEST(KernelTraits, OnlyBf16ThirtyTwoHeadBlocksAccumulateSInTwoChains) {
+  // bench/NOTES.md v16: 1.02-1.04x there; the other blocks lost or gained nothing.
+  EXPECT_TRUE((SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, 576, 2>::kSTwoChains));
+  EXPECT_TRUE((SparseMlaFwdTraits<__half, KvFormat::kBFloat16, 512, 2>::kSTwoChains));
+  EXPECT_FALSE((SparseMlaFwdTraits<__half, KvFormat::kFloat16, 512, 2>::kSTwoChains));
+  EXPECT_FALSE((SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, 576, 1>::kSTwoChains));
+  EXPECT_FALSE((SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, 512, 1>::OneStage::kSTwoChains));
+  EXPECT_FALSE((SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 576, 2>::kSTwoChains));
+  EXPECT_FALSE((SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 512, 2>::kSTwoChains));
+}
