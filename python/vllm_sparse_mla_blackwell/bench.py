@@ -4,7 +4,9 @@
 For every shape (model x heads x query tokens) and cache dtype it times the kernel as vLLM runs
 it, in a CUDA graph of back-to-back calls (median of 5 replays after ~50 ms of warm-up; index
 sets rotated so that calls do not hit each other's rows in L2; about a second of idle before
-each shape because the clocks drop under sustained load), and in the same run measures the two ceilings with the project's own kernels:
+each shape and cache dtype because the clocks drop under sustained load: without the idle between
+dtypes, the third of four at T >= 1024 ran up to 1.3x slower, bench/NOTES.md v16), and in the
+same run measures the two ceilings with the project's own kernels:
 the random-row gather of the same rows at the same slots, and the mma.sync bf16 peak. It prints
 a table and writes a JSON file and a roofline PNG.
 
@@ -150,7 +152,6 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
     pools: dict[tuple[str, int], tuple] = {}
     for model, num_heads, num_tokens in (progress(shapes) if progress else shapes):
         head_size, topk, _, sm_scale = models[model]
-        time.sleep(idle_s)
         q = torch.randn(num_tokens, num_heads, head_size, device=device, dtype=torch.bfloat16, generator=gen)
         idx_sets = [torch.randint(0, POOL_ROWS, (num_tokens, topk), device=device, dtype=torch.int32, generator=gen)
                     for _ in range(INDEX_SETS)]
@@ -173,6 +174,7 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
             def gather(i):
                 torch.ops.sparse_mla_bw.bench_gather_rows(flat, idx_sets[i], checksum)
 
+            time.sleep(idle_s)
             est = _median_ms(attn, 2, INDEX_SETS)
             ms = _median_ms(attn, _reps(est), INDEX_SETS)
             gms = _median_ms(gather, _reps(est), INDEX_SETS)
