@@ -4,11 +4,11 @@
 For every shape (model x heads x query tokens) and cache dtype it times the kernel as vLLM runs
 it, in a CUDA graph of back-to-back calls (median of 5 replays after ~50 ms of warm-up; index
 sets rotated so that calls do not hit each other's rows in L2; about a second of idle before
-each shape and cache dtype because the clocks drop under sustained load: without the idle between
-dtypes, the third of four at T >= 1024 ran up to 1.3x slower, bench/NOTES.md v16), and in the
-same run measures the two ceilings with the project's own kernels:
-the random-row gather of the same rows at the same slots, and the mma.sync bf16 peak. It prints
-a table and writes a JSON file and a roofline PNG.
+each shape and cache dtype: a GPU slows under sustained load, and without the idle between dtypes
+fp8_e4m3's 16-head kernels, timed third of four, ran 1.18-1.31x slower at T >= 1024, cause not
+isolated, bench/NOTES.md v16), and in the same run measures the two ceilings with the project's
+own kernels: the random-row gather of the same rows at the same slots, and the mma.sync bf16
+peak. It prints a table and writes a JSON file and a roofline PNG.
 
 Reported per shape: µs, gathered GB/s (T·topk·row_bytes / time) and its fraction of the gather
 ceiling, TFLOP/s (2·T·H·topk·(D+512)) and its fraction of the mma.sync peak, fp8/bf16 time
