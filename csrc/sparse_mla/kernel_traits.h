@@ -76,11 +76,12 @@ struct SparseMlaFwdTraits {
   static constexpr int kRopeStepsPerWarp = (kHeadDim - kKvLoraRank) / 16 / kWarpsPerGroup;  // 0 or 1
   static constexpr int kStepsPerWarp = kLatentStepsPerWarp + kRopeStepsPerWarp;
   // S accumulated in two chains of MMAs (even and odd k-steps) instead of one per n-tile: the
-  // bf16 cache's 32-head blocks (one per SM, two warps per scheduler) ran 1.02-1.04x faster on
-  // the H200 at T >= 64; the fp16 cache's 0.975-1.017x, 16-head blocks 0.99-1.00x, fp8 ones
-  // 0.88-1.03x (16 more registers cost fp8_e4m3's 16-head D512 kernel its third block per SM);
-  // bench/NOTES.md v16.
-  static constexpr bool kSTwoChains = kMmaBf16 && kHeadGroups == 2;
+  // bf16 cache's 32-head blocks with bf16 q (one per SM, two warps per scheduler) ran
+  // 1.02-1.04x faster on the H200 at T >= 64; the fp16 cache's 0.975-1.017x, 16-head blocks
+  // 0.99-1.01x, fp8 ones 0.88-1.03x (22 more registers, 168 -> 190, cost fp8_e4m3's 16-head
+  // D512 kernel its third block per SM); bench/NOTES.md v16. fp16 q with a bf16 cache (q in two
+  // parts) keeps one chain: unmeasured, and at 238 of 255 registers already.
+  static constexpr bool kSTwoChains = kMmaBf16 && !kQSplit && kHeadGroups == 2;
   // fp8 register loader: 4 or 8 threads per KV row (cp.async gathers use 8 in every block).
   static constexpr int kThreadsPerRow = kNumThreads / kBlockN;
   static_assert(kThreadsPerRow * kBlockN == kNumThreads);
