@@ -57,6 +57,17 @@ def test_tiles_of_different_magnitudes(kv, num_tokens, head_size):
                                 kv_cache_dtype=kv, row_spread=12), torch.device("cuda")))
 
 
+@pytest.mark.parametrize("q_dtype, kv", [("fp16", "bf16"), ("bf16", "fp16")])
+@pytest.mark.parametrize("head_size", [512, 576])
+def test_mixed_16_bit_q_and_cache_in_32_head_blocks(q_dtype, kv, head_size):
+    """q and cache of different 16-bit dtypes at 32 and 64 heads. fp16 q with a bf16 cache enters
+    the MMAs as bf16 hi + lo (two Q parts: the kernel's most registers, 238 on sm_90 at D = 576);
+    verify's matrix mixes the dtypes at 16 heads only."""
+    for num_heads in (32, 64):
+        _check(verify.run_case(Case(head_size=head_size, num_heads=num_heads, topk=2048, num_tokens=64,
+                                    q_dtype=q_dtype, kv_cache_dtype=kv), torch.device("cuda")))
+
+
 @pytest.mark.parametrize("topk, masking", [(96, "topk_len"), (128, "none")])
 def test_fp8_ds_mla_accuracy_at_small_topk(topk, masking):
     """fp8_ds_mla's P carries the key scales; in one fp16 part it rounds even a row's dominant
