@@ -4,11 +4,10 @@
 For every shape (model x heads x query tokens) and cache dtype it times the kernel as vLLM runs
 it, in a CUDA graph of back-to-back calls (median of 5 replays after ~50 ms of warm-up; index
 sets rotated so that calls do not hit each other's rows in L2; about a second of idle before
-each shape and cache dtype: a GPU slows under sustained load, and without the idle between dtypes
-fp8_e4m3's 16-head kernels, timed third of four, ran 1.18-1.31x slower at T >= 1024, cause not
-isolated, bench/NOTES.md v16), and in the same run measures the two ceilings with the project's
-own kernels: the random-row gather of the same rows at the same slots, and the mma.sync bf16
-peak. It prints a table and writes a JSON file and a roofline PNG.
+each (shape, cache dtype) timing, as a GPU slows under sustained load: bench/NOTES.md v16), and
+in the same run measures the two ceilings with the project's own kernels: the random-row gather
+of the same rows at the same slots, and the mma.sync bf16 peak. It prints a table and writes a
+JSON file and a roofline PNG.
 
 Reported per shape: µs, gathered GB/s (T·topk·row_bytes / time) and its fraction of the gather
 ceiling, TFLOP/s (2·T·H·topk·(D+512)) and its fraction of the mma.sync peak, fp8/bf16 time
@@ -138,7 +137,9 @@ def _naive(q, rows, idx, sm_scale):
 def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, naive: bool = True,
         progress=None) -> tuple[list[Row], dict]:
     """Time every (model, heads, tokens) shape for each cache dtype, with the gather ceiling at
-    the same slots; ``naive`` adds the PyTorch baseline for T <= 64 (bf16 only). ``progress``
+    the same slots, each after ``idle_s`` seconds of idle (without it between dtypes, the third
+    of four ran up to 1.31x slower: bench/NOTES.md v16); ``naive`` adds the PyTorch baseline for
+    T <= 64 (bf16 only). ``progress``
     wraps the shape list (e.g. ``rich.progress.track``). Returns the rows (µs, GB/s, TFLOP/s and
     their fractions of the ceilings) and run metadata (device, measured mma.sync peak, date)."""
     device = torch.device("cuda", torch.cuda.current_device())
