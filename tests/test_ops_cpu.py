@@ -72,6 +72,7 @@ def test_case_seeds_are_those_verified_before_row_spread_existed():
                 "masking='none', block_size=64, layout='contiguous', sm_scale=0.135234, index_width=0, seed=0)")
     assert cases.case_seed(cases.Case()) == zlib.crc32(old_repr.encode()) & 0x7FFFFFFF
     assert cases.case_seed(cases.Case(row_spread=12)) == cases.case_seed(cases.Case())
+    assert cases.case_seed(cases.Case(value_scale_log2=17)) == cases.case_seed(cases.Case())
 
 
 def test_row_spread_rescales_cache_rows_only():
@@ -86,6 +87,19 @@ def test_row_spread_rescales_cache_rows_only():
     assert set(per_row.unique().tolist()) <= {1.0, 2.0**-12}
     assert 0.85 < (per_row == 2.0**-12).float().mean().item() < 1.0
     assert "spread2^-12" in spread.label()
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_value_scale_scales_cache_up_and_q_down_exactly(layout):
+    base = cases.Case(head_size=576, num_heads=4, topk=64, num_tokens=3, block_size=16, layout=layout)
+    scaled = dataclasses.replace(base, value_scale_log2=17)
+    a, b = cases.make_inputs(base, "cpu"), cases.make_inputs(scaled, "cpu")
+    assert torch.equal(a.indices, b.indices)
+    assert torch.equal(b.q.float() * 2.0**17, a.q.float())  # powers of two: exact in bf16
+    referenced = a.kv_rows[:, 0].isfinite()
+    assert torch.equal(b.kv_rows[referenced], a.kv_rows[referenced] * 2.0**17)
+    assert b.kv_rows[referenced].abs().max() > 65520  # past fp16's range
+    assert "values2^17" in scaled.label()
 
 
 def _good_args(T=3, H=4, D=576, topk=8):

@@ -422,7 +422,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       }
 #pragma unroll
       for (int o = 1; o < 8; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, o));
-      const float m_new = fmaxf(m_run, tile_max);
+      // (kLazyRescale: moved only by more than kLazyRescaleLog2; from -inf by any valid score.)
+      const float m_new = !Traits::kLazyRescale ? fmaxf(m_run, tile_max)
+                          : tile_max > m_run + Traits::kLazyRescaleLog2 ? tile_max
+                                                                        : m_run;
       float alpha = 1.f, psum = 0.f;
       float pr[4] = {0.f, 0.f, 0.f, 0.f};
       if (m_new != -INFINITY) {  // else nothing valid so far: p = 0, state unchanged
@@ -471,12 +474,14 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         alpha0 *= ratio;
         alpha1 *= ratio;
       }
+      if (!Traits::kLazyRescale || __any_sync(~0u, alpha0 != 1.f || alpha1 != 1.f)) {
 #pragma unroll
-      for (int n = 0; n < Traits::kDvPerWarp / 8; ++n) {
-        acc_o[n][0] *= alpha0;
-        acc_o[n][1] *= alpha0;
-        acc_o[n][2] *= alpha1;
-        acc_o[n][3] *= alpha1;
+        for (int n = 0; n < Traits::kDvPerWarp / 8; ++n) {
+          acc_o[n][0] *= alpha0;
+          acc_o[n][1] *= alpha0;
+          acc_o[n][2] *= alpha1;
+          acc_o[n][3] *= alpha1;
+        }
       }
       const Element* p_base = sP + (grp * Traits::kPBuffers) * Traits::kSmemPBufferElems +
                               (lane % 16) * Traits::kPPitch + (lane / 16) * 8;

@@ -37,11 +37,16 @@ class Case:
     # that many octaves (fp8_ds_mla's per-tile P norms; small fp8_e4m3 values go to zero). Not
     # part of the seed: the same draws as row_spread=0, rescaled.
     row_spread: int = 0
+    # != 0: every cache value times 2^value_scale_log2 and q times its inverse, so the scores are
+    # those of value_scale_log2=0 and out is scaled by it: bf16 cache values past fp16's range or
+    # in its subnormals, which the bf16 cache's MMAs must take as stored. Not part of the seed.
+    value_scale_log2: int = 0
 
     def label(self) -> str:
         return (f"D{self.head_size} H{self.num_heads} topk{self.topk} T{self.num_tokens} "
                 f"{self.q_dtype}/{self.kv_cache_dtype} {self.masking} bs{self.block_size} "
-                f"{self.layout} s{self.sm_scale:.4g}" + (f" spread2^-{self.row_spread}" if self.row_spread else ""))
+                f"{self.layout} s{self.sm_scale:.4g}" + (f" spread2^-{self.row_spread}" if self.row_spread else "")
+                + (f" values2^{self.value_scale_log2}" if self.value_scale_log2 else ""))
 
 
 @dataclasses.dataclass
@@ -58,11 +63,12 @@ class CaseInputs:
 
 
 def case_seed(case: Case) -> int:
-    """The generator seed of a case's inputs: a CRC-32 of its repr without ``row_spread`` (the
-    dataclass repr of every other field, as before that field existed), so the same case draws
+    """The generator seed of a case's inputs: a CRC-32 of its repr without ``row_spread`` and
+    ``value_scale_log2`` (the dataclass repr of every other field, as before those existed), so the same case draws
     the same inputs in every process (Python's str hash is salted per process); ``Case.seed``
     gives a fresh draw."""
-    fields = ", ".join(f"{f.name}={getattr(case, f.name)!r}" for f in dataclasses.fields(case) if f.name != "row_spread")
+    fields = ", ".join(f"{f.name}={getattr(case, f.name)!r}" for f in dataclasses.fields(case)
+                       if f.name not in ("row_spread", "value_scale_log2"))
     return zlib.crc32(f"{type(case).__qualname__}({fields})".encode()) & 0x7FFFFFFF
 
 
@@ -117,6 +123,9 @@ def make_inputs(case: Case, device: torch.device | str) -> CaseInputs:
         factor = torch.where(small, 2.0 ** -case.row_spread, 1.0)[:, None]
         kv_c = kv_c * factor
         k_pe = None if k_pe is None else k_pe * factor
+    value_scale = 2.0**case.value_scale_log2
+    kv_c = kv_c * value_scale
+    k_pe = None if k_pe is None else k_pe * value_scale
     valid = reference.valid_index_mask(indices, num_rows, topk, topk_len)
     referenced = torch.zeros(num_rows, dtype=torch.bool)
     referenced[indices[:, :topk][valid].long()] = True
@@ -141,11 +150,11 @@ def make_inputs(case: Case, device: torch.device | str) -> CaseInputs:
         kv_cache[~referenced] = 0xFF  # e4m3 NaN bytes (and NaN scales for fp8_ds_mla)
         kv_cache = kv_cache.view(num_blocks, bs, width_bytes)
 
-    q = torch.randn(T, H, D, generator=gen).to(dtype)
+    q = (torch.randn(T, H, D, generator=gen) / value_scale).to(dtype)
     out_shape = (T, H, formats.HEAD_SIZE_V)
     if case.layout == "strided":
         # q and out are views into larger buffers: token and head strides differ from dense.
-        q = torch.randn(T, H + 3, D + 64, generator=gen).to(dtype)[:, 1 : H + 1, :D]
+        q = (torch.randn(T, H + 3, D + 64, generator=gen) / value_scale).to(dtype)[:, 1 : H + 1, :D]
         out = torch.full((T, H + 2, formats.HEAD_SIZE_V + 128), float("nan"), dtype=dtype)[:, :H, 64 : 64 + 512]
     else:
         out = torch.full(out_shape, float("nan"), dtype=dtype)
