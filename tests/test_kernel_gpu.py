@@ -72,10 +72,10 @@ def test_mixed_16_bit_q_and_cache_in_32_head_blocks(q_dtype, kv, num_heads, head
 @pytest.mark.parametrize("num_heads, num_tokens", [(16, 1), (16, 64), (64, 64)])
 @pytest.mark.parametrize("head_size", [512, 576])
 def test_bf16_cache_values_outside_fp16_range(value_scale_log2, num_heads, num_tokens, head_size):
-    """bf16 cache values beyond fp16's range (2^17: up to ~2^19) and in its subnormals (2^-14:
-    ~2 % of them below 2^-17) meet the bars: the bf16 cache's MMAs take V as stored (P V in fp16
-    with V converted, and a bf16 fallback pass, ran 0.95-1.00x in v17: bench/NOTES.md). q is
-    scaled by the inverse, so the scores are the usual ones."""
+    """bf16 cache values beyond fp16's range (2^17: ~60 % of them past 65,520, up to ~2^19) and
+    in its subnormals (2^-14: ~10 % of them below 2^-17) meet the bars: the bf16 cache's MMAs
+    take V as stored (P V in fp16 with V converted, and a bf16 fallback pass, ran 0.95-1.00x in
+    v17: bench/NOTES.md). q is scaled by the inverse, so the scores are the usual ones."""
     _check(verify.run_case(Case(head_size=head_size, num_heads=num_heads, topk=2048, num_tokens=num_tokens,
                                 value_scale_log2=value_scale_log2), torch.device("cuda")))
 

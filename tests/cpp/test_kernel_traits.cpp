@@ -161,7 +161,7 @@ void expect_chains_of_every_shape() {
 
 TEST(KernelTraits, OnlyBf16QAndCacheThirtyTwoHeadBlocksAccumulateSInTwoChainsAndRescaleLazily) {
   // bench/NOTES.md v16, two chains: 1.02-1.04x there; fp8 blocks 0.88-1.03x, the fp16 cache's
-  // 0.975-1.017x. v17, conditional rescaling: 1.018-1.029x there; the bf16 cache's 16-head
+  // 0.975-1.017x. v17, conditional rescaling: 1.018-1.029x there at T >= 64; the bf16 cache's 16-head
   // blocks 0.981-0.997x, fp8_ds_mla's 0.976-1.045x (needs P in hi + lo parts: no other format).
   for (auto check : {expect_chains_of_every_shape<__nv_bfloat16, KvFormat::kBFloat16>,
                      expect_chains_of_every_shape<__half, KvFormat::kBFloat16>,
