@@ -102,6 +102,14 @@ def test_value_scale_scales_cache_up_and_q_down_exactly(layout):
     assert "values2^17" in scaled.label()
 
 
+@pytest.mark.parametrize("q_dtype, kv", [("fp16", "bf16"), ("bf16", "fp16"), ("bf16", "fp8_e4m3")])
+def test_value_scale_is_for_bf16_q_and_cache_only(q_dtype, kv):
+    case = cases.Case(head_size=512, num_heads=4, topk=64, num_tokens=3, q_dtype=q_dtype, kv_cache_dtype=kv,
+                      value_scale_log2=17)
+    with pytest.raises(ValueError, match="value_scale_log2 needs a bf16 cache and bf16 q"):
+        cases.make_inputs(case, "cpu")
+
+
 def _good_args(T=3, H=4, D=576, topk=8):
     return dict(
         q=torch.randn(T, H, D, dtype=torch.bfloat16),

@@ -20,7 +20,7 @@ namespace sparse_mla {
 // The two e4m3 values in the low 16 bits of `pair` (first in the low byte) -> fp16x2, exactly.
 // One hardware instruction on sm_89+, a short integer sequence before that (cuda_fp8.h).
 __device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t pair) {
-  const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
+  const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
   return *reinterpret_cast<const uint32_t*>(&h2);
 }
 

@@ -123,6 +123,9 @@ def make_inputs(case: Case, device: torch.device | str) -> CaseInputs:
         factor = torch.where(small, 2.0 ** -case.row_spread, 1.0)[:, None]
         kv_c = kv_c * factor
         k_pe = None if k_pe is None else k_pe * factor
+    if case.value_scale_log2 and (case.kv_cache_dtype != "bf16" or case.q_dtype != "bf16"):
+        # An fp16 cache or q would overflow, and quantising a scaled cache changes the scores.
+        raise ValueError(f"value_scale_log2 needs a bf16 cache and bf16 q, got {case.kv_cache_dtype} / {case.q_dtype}")
     value_scale = 2.0**case.value_scale_log2
     kv_c = kv_c * value_scale
     k_pe = None if k_pe is None else k_pe * value_scale

@@ -127,7 +127,7 @@ namespace {
 
 // Two S chains (v16) and conditional rescaling (v17): each measured faster only there.
 template <typename Traits>
-void expect_one_chain_but_bf16_q_and_cache_at_32_heads(const char* variant) {
+void expect_bf16_q_and_cache_32_head_rules(const char* variant) {
   const bool there = Traits::kFormat == KvFormat::kBFloat16 &&
                      std::is_same_v<typename Traits::QElement, __nv_bfloat16> && Traits::kHeadGroups == 2;
   const auto config = [&] {
@@ -140,36 +140,34 @@ void expect_one_chain_but_bf16_q_and_cache_at_32_heads(const char* variant) {
 }
 
 template <typename QElement, KvFormat kFormat, int kHeadDim, int kHeadGroups>
-void expect_chains_of_every_variant() {
+void expect_rules_of_every_variant() {
   using Main = SparseMlaFwdTraits<QElement, kFormat, kHeadDim, kHeadGroups>;
-  expect_one_chain_but_bf16_q_and_cache_at_32_heads<Main>("main");
+  expect_bf16_q_and_cache_32_head_rules<Main>("main");
   if constexpr (Main::kHasOneStageVariant)
-    expect_one_chain_but_bf16_q_and_cache_at_32_heads<typename Main::OneStage>("one-stage");
+    expect_bf16_q_and_cache_32_head_rules<typename Main::OneStage>("one-stage");
   if constexpr (Main::kHasDecodedFp8Variant)
-    expect_one_chain_but_bf16_q_and_cache_at_32_heads<typename Main::DecodedFp8>("decode-once");
+    expect_bf16_q_and_cache_32_head_rules<typename Main::DecodedFp8>("decode-once");
 }
 
 template <typename QElement, KvFormat kFormat>
-void expect_chains_of_every_shape() {
-  expect_chains_of_every_variant<QElement, kFormat, 512, 1>();
-  expect_chains_of_every_variant<QElement, kFormat, 512, 2>();
-  expect_chains_of_every_variant<QElement, kFormat, 576, 1>();
-  expect_chains_of_every_variant<QElement, kFormat, 576, 2>();
+void expect_rules_of_every_shape() {
+  expect_rules_of_every_variant<QElement, kFormat, 512, 1>();
+  expect_rules_of_every_variant<QElement, kFormat, 512, 2>();
+  expect_rules_of_every_variant<QElement, kFormat, 576, 1>();
+  expect_rules_of_every_variant<QElement, kFormat, 576, 2>();
 }
 
 }  // namespace
 
 TEST(KernelTraits, OnlyBf16QAndCacheThirtyTwoHeadBlocksAccumulateSInTwoChainsAndRescaleLazily) {
-  // bench/NOTES.md v16, two chains: 1.02-1.04x there; fp8 blocks 0.88-1.03x, the fp16 cache's
-  // 0.975-1.017x. v17, conditional rescaling: 1.018-1.029x there at T >= 64; the bf16 cache's 16-head
-  // blocks 0.981-0.997x, fp8_ds_mla's 0.976-1.045x (needs P in hi + lo parts: no other format).
-  for (auto check : {expect_chains_of_every_shape<__nv_bfloat16, KvFormat::kBFloat16>,
-                     expect_chains_of_every_shape<__half, KvFormat::kBFloat16>,
-                     expect_chains_of_every_shape<__nv_bfloat16, KvFormat::kFloat16>,
-                     expect_chains_of_every_shape<__half, KvFormat::kFloat16>,
-                     expect_chains_of_every_shape<__nv_bfloat16, KvFormat::kFp8E4m3>,
-                     expect_chains_of_every_shape<__half, KvFormat::kFp8E4m3>,
-                     expect_chains_of_every_shape<__nv_bfloat16, KvFormat::kFp8DsMla>,
-                     expect_chains_of_every_shape<__half, KvFormat::kFp8DsMla>})
+  // Each rule's measurements are in kernel_traits.h beside it (bench/NOTES.md v16, v17).
+  for (auto check : {expect_rules_of_every_shape<__nv_bfloat16, KvFormat::kBFloat16>,
+                     expect_rules_of_every_shape<__half, KvFormat::kBFloat16>,
+                     expect_rules_of_every_shape<__nv_bfloat16, KvFormat::kFloat16>,
+                     expect_rules_of_every_shape<__half, KvFormat::kFloat16>,
+                     expect_rules_of_every_shape<__nv_bfloat16, KvFormat::kFp8E4m3>,
+                     expect_rules_of_every_shape<__half, KvFormat::kFp8E4m3>,
+                     expect_rules_of_every_shape<__nv_bfloat16, KvFormat::kFp8DsMla>,
+                     expect_rules_of_every_shape<__half, KvFormat::kFp8DsMla>})
     check();
 }
