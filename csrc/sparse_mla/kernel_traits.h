@@ -50,11 +50,10 @@ struct SparseMlaFwdTraits {
   // Conditional rescaling (as in FlashAttention-4): the running max moves only when a tile's max
   // passes it by more than kLazyRescaleLog2 (so p <= 2^8 while |m| < 2^27, where fp32 still adds
   // 8 exactly; O's headroom shrinks by as much), and a warp whose 16 heads all kept theirs skips
-  // O's rescale. For P in hi + lo parts (16+ bits) only: one fp16 part's precision
-  // plan relies on p <= 1, whose largest term, 1, is exact. On the H200 (bench/NOTES.md v17) the
-  // bf16 cache's 32-head blocks with bf16 q ran 1.018-1.029x faster at T >= 64; its 16-head
-  // blocks 0.981-0.997x, fp8_ds_mla's 0.976-1.045x (32-head at T = 1024: 0.985-0.991x), so only
-  // those.
+  // O's rescale. For P in hi + lo parts (16+ bits) only: one fp16 part's precision plan relies on
+  // p <= 1, whose largest term, 1, is exact. On the H200 (bench/NOTES.md v17) the bf16 cache's
+  // 32-head blocks with bf16 q ran 1.018-1.029x faster at T >= 64; its 16-head blocks
+  // 0.981-0.997x, fp8_ds_mla's 0.976-1.045x (32-head at T = 1024: 0.985-0.991x), so only those.
   static constexpr bool kLazyRescale = kMmaBf16 && !kQSplit && kHeadGroups_ == 2;
   static constexpr float kLazyRescaleLog2 = 8.f;
   static_assert(!kLazyRescale || kPSplit, "conditional rescaling needs P in hi + lo parts");

@@ -64,9 +64,9 @@ class CaseInputs:
 
 def case_seed(case: Case) -> int:
     """The generator seed of a case's inputs: a CRC-32 of its repr without ``row_spread`` and
-    ``value_scale_log2`` (the dataclass repr of every other field, as before those existed), so the same case draws
-    the same inputs in every process (Python's str hash is salted per process); ``Case.seed``
-    gives a fresh draw."""
+    ``value_scale_log2`` (the dataclass repr of every other field, as before those existed), so
+    the same case draws the same inputs in every process (Python's str hash is salted per
+    process); ``Case.seed`` gives a fresh draw."""
     fields = ", ".join(f"{f.name}={getattr(case, f.name)!r}" for f in dataclasses.fields(case)
                        if f.name not in ("row_spread", "value_scale_log2"))
     return zlib.crc32(f"{type(case).__qualname__}({fields})".encode()) & 0x7FFFFFFF
@@ -74,7 +74,11 @@ def case_seed(case: Case) -> int:
 
 def make_inputs(case: Case, device: torch.device | str) -> CaseInputs:
     """Random inputs for a case (drawn from ``case_seed``): shuffled block table, unreferenced
-    cache rows set to NaN (bytes 0xFF for fp8), output poisoned with NaN."""
+    cache rows set to NaN (bytes 0xFF for fp8), output poisoned with NaN. Raises ValueError for
+    ``value_scale_log2`` with anything but a bf16 cache and bf16 q."""
+    if case.value_scale_log2 and (case.kv_cache_dtype != "bf16" or case.q_dtype != "bf16"):
+        # An fp16 cache or q would overflow, and quantising a scaled cache changes the scores.
+        raise ValueError(f"value_scale_log2 needs a bf16 cache and bf16 q, got {case.kv_cache_dtype} / {case.q_dtype}")
     gen = torch.Generator(device="cpu").manual_seed(case_seed(case))
     T, H, D, topk = case.num_tokens, case.num_heads, case.head_size, case.topk
     width = max(case.index_width, topk)
@@ -123,9 +127,6 @@ def make_inputs(case: Case, device: torch.device | str) -> CaseInputs:
         factor = torch.where(small, 2.0 ** -case.row_spread, 1.0)[:, None]
         kv_c = kv_c * factor
         k_pe = None if k_pe is None else k_pe * factor
-    if case.value_scale_log2 and (case.kv_cache_dtype != "bf16" or case.q_dtype != "bf16"):
-        # An fp16 cache or q would overflow, and quantising a scaled cache changes the scores.
-        raise ValueError(f"value_scale_log2 needs a bf16 cache and bf16 q, got {case.kv_cache_dtype} / {case.q_dtype}")
     value_scale = 2.0**case.value_scale_log2
     kv_c = kv_c * value_scale
     k_pe = None if k_pe is None else k_pe * value_scale
