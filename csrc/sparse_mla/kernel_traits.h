@@ -47,6 +47,9 @@ struct SparseMlaFwdTraits {
   static constexpr bool kQConvert = !std::is_same_v<QElement, Element>;
   static constexpr bool kQSplit = kMmaBf16 && kQConvert;
   static constexpr bool kPSplit = kMmaBf16 || kFormat == KvFormat::kFp8DsMla;
+  // The blocks two tuning rules below were measured faster for, and only for (kSTwoChains,
+  // kLazyRescale): bf16 q with a bf16 cache (q in one part) in 32-head blocks.
+  static constexpr bool kBf16QAndCache32Heads = kMmaBf16 && !kQSplit && kHeadGroups_ == 2;
   // Conditional rescaling (as in FlashAttention-4): the running max moves only when a tile's max
   // passes it by more than kLazyRescaleLog2 (so p <= 2^8 while |m| < 2^27, where fp32 still adds
   // 8 exactly; O's headroom shrinks by as much), and a warp whose 16 heads all kept theirs skips
@@ -54,7 +57,7 @@ struct SparseMlaFwdTraits {
   // p <= 1, whose largest term, 1, is exact. On the H200 (bench/NOTES.md v17) the bf16 cache's
   // 32-head blocks with bf16 q ran 1.018-1.029x faster at T >= 64; its 16-head blocks
   // 0.981-0.997x, fp8_ds_mla's 0.976-1.045x (32-head at T = 1024: 0.985-0.991x), so only those.
-  static constexpr bool kLazyRescale = kMmaBf16 && !kQSplit && kHeadGroups_ == 2;
+  static constexpr bool kLazyRescale = kBf16QAndCache32Heads;
   static constexpr float kLazyRescaleLog2 = 8.f;
   static_assert(!kLazyRescale || kPSplit, "conditional rescaling needs P in hi + lo parts");
   // fp8_ds_mla folds its per-row scales into P. P is fp16 there, where a small scale would push
@@ -91,7 +94,7 @@ struct SparseMlaFwdTraits {
   // 0.99-1.01x, fp8 ones 0.88-1.03x (22 more registers, 168 -> 190, cost fp8_e4m3's 16-head
   // D512 kernel its third block per SM); bench/NOTES.md v16. fp16 q with a bf16 cache (q in two
   // parts) keeps one chain: unmeasured, and at 238 of 255 registers already.
-  static constexpr bool kSTwoChains = kMmaBf16 && !kQSplit && kHeadGroups == 2;
+  static constexpr bool kSTwoChains = kBf16QAndCache32Heads;
   // fp8 register loader: 4 or 8 threads per KV row (cp.async gathers use 8 in every block).
   static constexpr int kThreadsPerRow = kNumThreads / kBlockN;
   static_assert(kThreadsPerRow * kBlockN == kNumThreads);

@@ -423,9 +423,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 #pragma unroll
       for (int o = 1; o < 8; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, o));
       // (kLazyRescale: moved only by more than kLazyRescaleLog2; from -inf by any valid score.)
-      const float m_new = !Traits::kLazyRescale ? fmaxf(m_run, tile_max)
-                          : tile_max > m_run + Traits::kLazyRescaleLog2 ? tile_max
-                                                                        : m_run;
+      const float m_new = Traits::kLazyRescale
+                              ? (tile_max > m_run + Traits::kLazyRescaleLog2 ? tile_max : m_run)
+                              : fmaxf(m_run, tile_max);
       float alpha = 1.f, psum = 0.f;
       float pr[4] = {0.f, 0.f, 0.f, 0.f};
       if (m_new != -INFINITY) {  // else nothing valid so far: p = 0, state unchanged

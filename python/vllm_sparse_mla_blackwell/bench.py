@@ -139,9 +139,9 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
     """Time every (model, heads, tokens) shape for each cache dtype, with the gather ceiling at
     the same slots, each after ``idle_s`` seconds of idle (without it between dtypes, the third
     of four ran up to 1.31x slower: bench/NOTES.md v16); ``naive`` adds the PyTorch baseline for
-    T <= 64 (bf16 only). ``progress``
-    wraps the shape list (e.g. ``rich.progress.track``). Returns the rows (µs, GB/s, TFLOP/s and
-    their fractions of the ceilings) and run metadata (device, measured mma.sync peak, date)."""
+    T <= 64 (bf16 only). ``progress`` wraps the shape list (e.g. ``rich.progress.track``).
+    Returns the rows (µs, GB/s, TFLOP/s and their fractions of the ceilings) and run metadata
+    (device, measured mma.sync peak, date)."""
     device = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(device)
     mma_peak = measure_mma_peak(device)

@@ -121,15 +121,14 @@ def make_inputs(case: Case, device: torch.device | str) -> CaseInputs:
     # Cache: random rows, then NaN in every row no valid index refers to.
     kv_c = torch.randn(num_rows, formats.KV_LORA_RANK, generator=gen)
     k_pe = torch.randn(num_rows, D - formats.KV_LORA_RANK, generator=gen) if D > formats.KV_LORA_RANK else None
+    value_scale = 2.0**case.value_scale_log2
+    factor = torch.full((num_rows, 1), value_scale)
     if case.row_spread:
         spread_gen = torch.Generator(device="cpu").manual_seed(case_seed(case) + 1)  # the draws above unchanged
         small = torch.rand(num_rows, generator=spread_gen) >= 0.05
-        factor = torch.where(small, 2.0 ** -case.row_spread, 1.0)[:, None]
-        kv_c = kv_c * factor
-        k_pe = None if k_pe is None else k_pe * factor
-    value_scale = 2.0**case.value_scale_log2
-    kv_c = kv_c * value_scale
-    k_pe = None if k_pe is None else k_pe * value_scale
+        factor[small] *= 2.0**-case.row_spread
+    kv_c = kv_c * factor  # powers of two: exact
+    k_pe = None if k_pe is None else k_pe * factor
     valid = reference.valid_index_mask(indices, num_rows, topk, topk_len)
     referenced = torch.zeros(num_rows, dtype=torch.bool)
     referenced[indices[:, :topk][valid].long()] = True
