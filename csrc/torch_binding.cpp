@@ -12,6 +12,7 @@
 #include "ceilings/ceilings.h"
 #include "sparse_mla/api.h"
 #include "sparse_mla/cache_write.h"
+#include "sparse_mla/kernel_traits.h"
 #include "sparse_mla/launch.h"
 
 namespace {
@@ -76,7 +77,8 @@ sparse_mla::SparseMlaFwdArgs fwd_args(const at::Tensor& q, const std::optional<a
                                       const std::optional<at::Tensor>& topk_len,
                                       const std::optional<at::Tensor>& k_scale, const at::Tensor& out,
                                       const at::Tensor& lse, const std::optional<at::Tensor>& workspace,
-                                      double sm_scale, int64_t topk, const std::string& kv_cache_dtype) {
+                                      double sm_scale, int64_t topk, const std::string& kv_cache_dtype,
+                                      int64_t block_heads) {
   sparse_mla::SparseMlaFwdArgs a;
   a.q = describe(q, "q");
   a.q_pe = describe(q_pe, "q_pe");
@@ -90,6 +92,7 @@ sparse_mla::SparseMlaFwdArgs fwd_args(const at::Tensor& q, const std::optional<a
   a.sm_scale = sm_scale;
   a.topk = topk;
   a.kv_cache_dtype = kv_cache_dtype;
+  a.block_heads = block_heads;
   return a;
 }
 
@@ -98,9 +101,10 @@ void sparse_mla_fwd_cuda(const at::Tensor& q, const std::optional<at::Tensor>& q
                          const std::optional<at::Tensor>& topk_len,
                          const std::optional<at::Tensor>& k_scale, const at::Tensor& out,
                          const at::Tensor& lse, const std::optional<at::Tensor>& workspace,
-                         double sm_scale, int64_t topk, const std::string& kv_cache_dtype) {
+                         double sm_scale, int64_t topk, const std::string& kv_cache_dtype,
+                         int64_t block_heads) {
   const auto args = fwd_args(q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, workspace,
-                             sm_scale, topk, kv_cache_dtype);
+                             sm_scale, topk, kv_cache_dtype, block_heads);
   TORCH_CHECK_VALUE(q.is_cuda(), "q must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaDeviceProp* props = at::cuda::getDeviceProperties(q.get_device());
@@ -119,9 +123,10 @@ void check_sparse_mla_fwd(const at::Tensor& q, const std::optional<at::Tensor>& 
                           const std::optional<at::Tensor>& topk_len,
                           const std::optional<at::Tensor>& k_scale, const at::Tensor& out,
                           const at::Tensor& lse, const std::optional<at::Tensor>& workspace,
-                          double sm_scale, int64_t topk, const std::string& kv_cache_dtype) {
+                          double sm_scale, int64_t topk, const std::string& kv_cache_dtype,
+                          int64_t block_heads) {
   const auto args = fwd_args(q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, workspace,
-                             sm_scale, topk, kv_cache_dtype);
+                             sm_scale, topk, kv_cache_dtype, block_heads);
   checked([&] { return sparse_mla::plan_sparse_mla_fwd(args, false, 0); });
 }
 
@@ -200,9 +205,9 @@ int64_t bench_mma_sync_peak(const at::Tensor& sink, int64_t num_blocks, int64_t 
 
 int64_t workspace_size(int64_t num_sms) { return sparse_mla::workspace_size(static_cast<int>(num_sms)); }
 
-// Blocks of the forward kernel for (q dtype, cache format, head_size, num_heads) that one SM of
-// `device` holds at once, or with one_stage / decoded_fp8 those of that variant (0 where it has
-// none): what the split planner plans with.
+// Blocks of the forward kernel for (q dtype, cache format, head_size, a block of num_heads heads:
+// 16-head for 1-16, 32-head for 17-128) that one SM of `device` holds at once, or with one_stage /
+// decoded_fp8 those of that variant (0 where it has none): what the planner plans with.
 int64_t fwd_blocks_per_sm(at::ScalarType dtype, const std::string& kv_cache_dtype, int64_t head_size,
                           int64_t num_heads, at::Device device, bool one_stage, bool decoded_fp8) {
   TORCH_CHECK_VALUE(!(one_stage && decoded_fp8), "one_stage and decoded_fp8 name different variants: set one");
@@ -218,7 +223,8 @@ int64_t fwd_blocks_per_sm(at::ScalarType dtype, const std::string& kv_cache_dtyp
   const auto format = checked([&] { return sparse_mla::parse_kv_cache_dtype(kv_cache_dtype, TensorDesc{}); });
   const c10::cuda::CUDAGuard guard(device);
   return sparse_mla::fwd_blocks_per_sm(dtype == at::kBFloat16 ? sparse_mla::DType::kBFloat16 : sparse_mla::DType::kFloat16,
-                                       format, static_cast<int>(head_size), static_cast<int>(num_heads),
+                                       format, static_cast<int>(head_size),
+                                       sparse_mla::head_groups_for(static_cast<int>(num_heads)),
                                        one_stage     ? sparse_mla::FwdVariant::kOneStage
                                        : decoded_fp8 ? sparse_mla::FwdVariant::kDecodedFp8
                                                      : sparse_mla::FwdVariant::kMain);
@@ -240,11 +246,11 @@ TORCH_LIBRARY(sparse_mla_bw, m) {
   m.def(
       "sparse_mla_fwd(Tensor q, Tensor? q_pe, Tensor kv_cache, Tensor indices, Tensor? topk_len, "
       "Tensor? k_scale, Tensor(a!) out, Tensor(b!) lse, Tensor(c!)? workspace, float sm_scale, "
-      "int topk, str kv_cache_dtype) -> ()");
+      "int topk, str kv_cache_dtype, int block_heads=0) -> ()");
   m.def(
       "check_sparse_mla_fwd(Tensor q, Tensor? q_pe, Tensor kv_cache, Tensor indices, "
       "Tensor? topk_len, Tensor? k_scale, Tensor out, Tensor lse, Tensor? workspace, float sm_scale, "
-      "int topk, str kv_cache_dtype) -> ()",
+      "int topk, str kv_cache_dtype, int block_heads=0) -> ()",
       &check_sparse_mla_fwd);
   m.def(
       "concat_and_cache_sparse_mla(Tensor kv_c, Tensor? k_pe, Tensor(a!) kv_cache, "

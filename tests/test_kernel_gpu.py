@@ -4,6 +4,7 @@ fp32 reference, SPEC §5 bars."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -32,29 +33,34 @@ def test_matrix_subset(case):
     _check(verify.run_case(case, torch.device("cuda")))
 
 
+# Launches of more than 16 heads run in the planned blocks and in forced 32-head ones (None, 32):
+# a GPU that holds two 16-head blocks per SM, like the H200, never plans 32-head blocks.
+@pytest.mark.parametrize("block_heads", [None, 32])
 @pytest.mark.parametrize("masking", ["random", "causal", "all_masked", "invalid", "topk_len"])
 @pytest.mark.parametrize("num_tokens", [1, 64])
-def test_masking_and_nan_poisoned_rows(masking, num_tokens):
-    _check(verify.run_case(Case(head_size=512, num_heads=64, topk=2176, num_tokens=num_tokens, masking=masking),
-                           torch.device("cuda")))
+def test_masking_and_nan_poisoned_rows(masking, num_tokens, block_heads):
+    _check(verify.run_case(Case(head_size=512, num_heads=64, topk=2176, num_tokens=num_tokens, masking=masking,
+                                block_heads=block_heads), torch.device("cuda")))
 
 
+@pytest.mark.parametrize("block_heads", [None, 32])
 @pytest.mark.parametrize("layout", ["strided", "split_q"])
 @pytest.mark.parametrize("kv", ["bf16", "fp8_ds_mla"])
-def test_strided_q_and_out(layout, kv):
-    _check(verify.run_case(Case(head_size=576, num_heads=32, topk=300, num_tokens=9, layout=layout, kv_cache_dtype=kv),
-                           torch.device("cuda")))
+def test_strided_q_and_out(layout, kv, block_heads):
+    _check(verify.run_case(Case(head_size=576, num_heads=32, topk=300, num_tokens=9, layout=layout, kv_cache_dtype=kv,
+                                block_heads=block_heads), torch.device("cuda")))
 
 
+@pytest.mark.parametrize("block_heads", [None, 32])
 @pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3", "fp8_ds_mla"])
 @pytest.mark.parametrize("num_tokens", [1, 64])
 @pytest.mark.parametrize("head_size", [512, 576])
-def test_tiles_of_different_magnitudes(kv, num_tokens, head_size):
+def test_tiles_of_different_magnitudes(kv, num_tokens, head_size, block_heads):
     """Most cache rows 2^-12 smaller than the rest, so consecutive KV tiles differ by up to 12
     octaves: fp8_ds_mla's power-of-two P norm changes from tile to tile (the accumulator is
     rescaled by norm_prev / norm), and small fp8_e4m3 values become subnormal or zero."""
     _check(verify.run_case(Case(head_size=head_size, num_heads=32, topk=2048, num_tokens=num_tokens,
-                                kv_cache_dtype=kv, row_spread=12), torch.device("cuda")))
+                                kv_cache_dtype=kv, row_spread=12, block_heads=block_heads), torch.device("cuda")))
 
 
 @pytest.mark.parametrize("q_dtype, kv", [("fp16", "bf16"), ("bf16", "fp16")])
@@ -65,30 +71,33 @@ def test_mixed_16_bit_q_and_cache_in_32_head_blocks(q_dtype, kv, num_heads, head
     the MMAs as bf16 hi + lo (two Q parts: the kernel's most registers, 238 on sm_90 at D = 576);
     verify's matrix mixes the dtypes at 16 heads only."""
     _check(verify.run_case(Case(head_size=head_size, num_heads=num_heads, topk=2048, num_tokens=64,
-                                q_dtype=q_dtype, kv_cache_dtype=kv), torch.device("cuda")))
+                                q_dtype=q_dtype, kv_cache_dtype=kv, block_heads=32), torch.device("cuda")))
 
 
 @pytest.mark.parametrize("value_scale_log2", [17, -14])
-@pytest.mark.parametrize("num_heads, num_tokens", [(16, 1), (16, 64), (64, 64)])
+@pytest.mark.parametrize("num_heads, num_tokens, block_heads", [(16, 1, None), (16, 64, None), (64, 64, 32)])
 @pytest.mark.parametrize("head_size", [512, 576])
-def test_bf16_cache_values_outside_fp16_range(value_scale_log2, num_heads, num_tokens, head_size):
+def test_bf16_cache_values_outside_fp16_range(value_scale_log2, num_heads, num_tokens, block_heads, head_size):
     """bf16 cache values beyond fp16's range (2^17: ~60 % of them past 65,520, up to ~2^19) and
     in its subnormals (2^-14: ~10 % of them below 2^-17) meet the bars: the bf16 cache's MMAs
     take V as stored (P V in fp16 with V converted, and a bf16 fallback pass, ran 0.95-1.00x in
-    v17: bench/NOTES.md). q is scaled by the inverse, so the scores are the usual ones."""
+    v17: bench/NOTES.md). q is scaled by the inverse, so the scores are the usual ones. 64 heads
+    run the 32-head kernel, whose running max moves lazily (kernel_traits.h kLazyRescale)."""
     _check(verify.run_case(Case(head_size=head_size, num_heads=num_heads, topk=2048, num_tokens=num_tokens,
-                                value_scale_log2=value_scale_log2), torch.device("cuda")))
+                                value_scale_log2=value_scale_log2, block_heads=block_heads), torch.device("cuda")))
 
 
+@pytest.mark.parametrize("block_heads", [None, 32])
 @pytest.mark.parametrize("topk, masking", [(96, "topk_len"), (128, "none")])
-def test_fp8_ds_mla_accuracy_at_small_topk(topk, masking):
+def test_fp8_ds_mla_accuracy_at_small_topk(topk, masking, block_heads):
     """fp8_ds_mla's P carries the key scales; in one fp16 part it rounds even a row's dominant
     terms, and these rows, where a few keys dominate, measured 0.9999975-0.9999979 (bench/NOTES.md
     v14). With P as fp16 hi + lo every bar of SPEC §5 must hold (tools/fp8_p_rounding.py
     predicts 0.9999997). 32 heads at D = 576, 272 tokens: v14's inputs (the case seed hashes the
     shape), a grid of more blocks than SMs on the H200 (raw tiles there)."""
     _check(verify.run_case(Case(head_size=576, num_heads=32, topk=topk, num_tokens=272,
-                                kv_cache_dtype="fp8_ds_mla", masking=masking), torch.device("cuda")))
+                                kv_cache_dtype="fp8_ds_mla", masking=masking, block_heads=block_heads),
+                           torch.device("cuda")))
 
 
 @pytest.mark.parametrize("num_heads", [8, 16])
@@ -99,38 +108,78 @@ def test_decode_combine_of_more_than_64_splits(num_heads):
     _check(verify.run_case(Case(head_size=576, num_heads=num_heads, topk=4352, num_tokens=1), torch.device("cuda")))
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "fp8_ds_mla"])
-@pytest.mark.parametrize("num_heads", [16, 64])
+def _fwd_kernel_configs(prof) -> set[tuple[int, int, str]]:
+    """(head_size, head groups, kFp8RawTiles) of every forward kernel a profile saw, from the
+    names of its traits' template arguments (kernel_traits.h SparseMlaFwdTraits)."""
+    names = [e.name for e in prof.events() if "sparse_mla_fwd_kernel" in e.name]
+    configs = {m.groups() for n in names
+               for m in [re.search(r"SparseMlaFwdTraits<.*?, (512|576), ([12]), \d+, (true|false)>", n)] if m}
+    assert names and len(configs) >= 1, names
+    return {(int(d), int(g), raw) for d, g, raw in configs}
+
+
+def _planned_block_heads(kv_cache_dtype: str, head_size: int, num_heads: int, split_short: bool) -> int:
+    """The heads per block api.h plan_head_groups gives: 16 up to 16 heads, where an SM holds two
+    16-head blocks (the fwd_blocks_per_sm op) or where the 32-head plan splits into blocks of
+    fewer than 8 tiles (`split_short`, from the caller's shape); else 32."""
+    if num_heads <= 16 or split_short:
+        return 16
+    return 16 if ops.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, 16) >= 2 else 32
+
+
+@pytest.mark.parametrize("block_heads", [None, 16, 32])
+@pytest.mark.parametrize("num_tokens", [1, 256])
+@pytest.mark.parametrize("kv_cache_dtype", verify.KV_16BIT + verify.KV_FP8)
 @pytest.mark.parametrize("head_size", [512, 576])
-def test_fp8_raw_and_decoded_tile_kernels(head_size, num_heads, kv_cache_dtype):
+def test_head_blocks_as_planned_or_forced(head_size, kv_cache_dtype, num_tokens, block_heads):
+    """64 heads run the block size plan_head_groups picks (api.h; 16-head blocks on a GPU that
+    holds two of them per SM, as the H200 does, and for T = 1, whose 32-head plan splits topk
+    2048 into blocks of two tiles), or the one block_heads forces; the profiler must see it, with
+    right values."""
+    from torch.profiler import ProfilerActivity, profile
+
+    case = Case(head_size=head_size, num_heads=64, topk=2048, num_tokens=num_tokens, kv_cache_dtype=kv_cache_dtype,
+                block_heads=block_heads)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        result = verify.run_case(case, torch.device("cuda"))
+    _check(result)
+    want = block_heads or _planned_block_heads(kv_cache_dtype, head_size, 64, split_short=num_tokens == 1)
+    assert {g for _, g, _ in _fwd_kernel_configs(prof)} == {want // 16}, (case.label(), _fwd_kernel_configs(prof))
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "fp8_ds_mla"])
+@pytest.mark.parametrize("num_heads, block_heads", [(16, None), (64, None), (64, 32)])
+@pytest.mark.parametrize("head_size", [512, 576])
+def test_fp8_raw_and_decoded_tile_kernels(head_size, num_heads, block_heads, kv_cache_dtype):
     """An fp8 cache runs its kernel of raw tiles (decoded per MMA fragment) where the grid has
     more blocks than SMs, and the DecodedFp8 variant (each tile decoded once) in grids of one wave
     (api.h decoded_fp8_plan), always in fp8_e4m3's 32-head blocks at D = 512 (kernel_traits.h), on
     GPUs before sm_89, and for 16-head fp8_ds_mla at D = 576 where an SM holds two decode-once blocks
     but one of raw tiles (plan_fwd_splits): the profiler must see each where it is planned, both
     with right values under random masks and topk_len, q strided or split. The one-wave launches
-    have two tiles (topk 64: unsplit, T x head blocks <= 14 blocks), the others 2 x SMs tokens of
-    16 tiles."""
+    have two tiles (topk 64: unsplit, T x head blocks <= 28 blocks), the others 2 x SMs tokens of
+    16 tiles; all unsplit, so 64 heads run 32-head blocks where forced or where an SM holds one
+    16-head block (api.h plan_head_groups), else 16-head ones."""
     from torch.profiler import ProfilerActivity, profile
 
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
     layout = "split_q" if head_size == 576 else "strided"
-    raw_tiles = ((num_heads <= 16 or head_size == 576 or kv_cache_dtype == "fp8_ds_mla")
+    bh = block_heads or _planned_block_heads(kv_cache_dtype, head_size, num_heads, split_short=False)
+    raw_tiles = ((bh == 16 or head_size == 576 or kv_cache_dtype == "fp8_ds_mla")
                  and (props.major, props.minor) >= (8, 9))
-    occupancy = [ops.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, num_heads, decoded_fp8=decoded)
+    occupancy = [ops.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, bh, decoded_fp8=decoded)
                  for decoded in (False, True)]
     raw_tiles = raw_tiles and not (occupancy[0] < 2 <= occupancy[1])  # api.h variant_raises_occupancy
     for num_tokens, topk, raw in ((1, 64, False), (7, 64, False), (2 * sms, 512, raw_tiles)):
         for masking in ("random", "topk_len"):
             case = Case(head_size=head_size, num_heads=num_heads, topk=topk, num_tokens=num_tokens,
-                        kv_cache_dtype=kv_cache_dtype, masking=masking, layout=layout)
+                        kv_cache_dtype=kv_cache_dtype, masking=masking, layout=layout, block_heads=block_heads)
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 result = verify.run_case(case, torch.device("cuda"))
             _check(result)
-            names = {e.name for e in prof.events() if "sparse_mla_fwd_kernel" in e.name}
-            want = "true>" if raw else "false>"  # the traits' last argument, kFp8RawTiles
-            assert names and all(want in n for n in names), (case.label(), names)
+            configs = _fwd_kernel_configs(prof)
+            assert configs == {(head_size, bh // 16, "true" if raw else "false")}, (case.label(), configs)
 
 
 def test_fwd_blocks_per_sm():

@@ -17,11 +17,9 @@ constexpr int kBlockN = 32;  // KV rows per tile, SparseMlaFwdTraits::kBlockN fo
 static_assert(SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, kHeadSizeRoPE, 1>::kBlockN == kBlockN);
 constexpr int kMaxBlockH = 16 * kMaxHeadGroups;
 
-int block_heads(int num_heads) { return 16 * head_groups_for(num_heads); }
-
-// Blocks of an unsplit launch: one per token and head block.
-int64_t unsplit_blocks(int num_tokens, int num_heads) {
-  const int bh = block_heads(num_heads);
+// Blocks of an unsplit launch: one per token and head block of 16 x head_groups heads.
+int64_t unsplit_blocks(int num_tokens, int num_heads, int head_groups) {
+  const int bh = 16 * head_groups;
   return static_cast<int64_t>(num_tokens) * ((num_heads + bh - 1) / bh);
 }
 
@@ -201,13 +199,15 @@ KvFormat parse_kv_cache_dtype(const std::string& s, const TensorDesc& kv_cache) 
   fail("kv_cache_dtype must be one of auto, bfloat16, float16, fp8, fp8_e4m3, fp8_ds_mla; got '", s, "'");
 }
 
-SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
-                      int blocks_per_sm) {
-  // Outside the domain plan_sparse_mla_fwd admits (H 1..128, topk 1..2^30): no split.
-  if (num_tokens <= 0 || num_heads <= 0 || num_heads > kMaxNumHeads || topk <= 0 || topk > (1 << 30))
+SplitPlan plan_splits(int num_tokens, int num_heads, int head_groups, int topk, int num_sms,
+                      int64_t workspace_bytes, int blocks_per_sm) {
+  // Outside the domain plan_sparse_mla_fwd admits (H 1..128, 1 or 2 head groups, topk 1..2^30):
+  // no split.
+  if (num_tokens <= 0 || num_heads <= 0 || num_heads > kMaxNumHeads || head_groups < 1 ||
+      head_groups > kMaxHeadGroups || topk <= 0 || topk > (1 << 30))
     return SplitPlan{1, topk > 0 ? static_cast<int>((static_cast<int64_t>(topk) + kBlockN - 1) / kBlockN) : 1};
   const int num_tiles = (topk + kBlockN - 1) / kBlockN;
-  const int64_t base_blocks = unsplit_blocks(num_tokens, num_heads);
+  const int64_t base_blocks = unsplit_blocks(num_tokens, num_heads, head_groups);
   SplitPlan best{1, num_tiles};
   if (num_sms <= 0 || num_tiles < 2) return best;
   // Partial results per split: [T, H, 512] + [T, H] fp32.
@@ -246,32 +246,45 @@ int combine_split_groups(int num_tokens, int num_heads, int num_splits, int num_
   return static_cast<int64_t>(num_tokens) * num_heads <= num_sms ? kCombineDecodeSplitGroups : 1;
 }
 
-bool one_stage_plan(int num_tokens, int num_heads, const SplitPlan& plan, int num_sms) {
-  const int64_t blocks = unsplit_blocks(num_tokens, num_heads) * plan.num_splits;
+bool one_stage_plan(int num_tokens, int num_heads, int head_groups, const SplitPlan& plan, int num_sms) {
+  const int64_t blocks = unsplit_blocks(num_tokens, num_heads, head_groups) * plan.num_splits;
   if (num_sms <= 0 || blocks <= num_sms) return false;
   return plan.tiles_per_split >= kOneStageMinTiles || (plan.num_splits == 1 && blocks >= 2 * int64_t{num_sms});
 }
 
-bool decoded_fp8_plan(int num_tokens, int num_heads, const SplitPlan& plan, int num_sms, int sm_version) {
+bool decoded_fp8_plan(int num_tokens, int num_heads, int head_groups, const SplitPlan& plan, int num_sms,
+                      int sm_version) {
   if (software_fp8_convert(sm_version)) return true;
-  return num_sms > 0 && unsplit_blocks(num_tokens, num_heads) * plan.num_splits <= num_sms;
+  return num_sms > 0 && unsplit_blocks(num_tokens, num_heads, head_groups) * plan.num_splits <= num_sms;
 }
 
-SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
-                          int blocks_per_sm, int one_stage_blocks_per_sm, int decoded_fp8_blocks_per_sm) {
+SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int head_groups, int topk, int num_sms,
+                          int64_t workspace_bytes, int blocks_per_sm, int one_stage_blocks_per_sm,
+                          int decoded_fp8_blocks_per_sm) {
+  const auto plan_at = [&](int occupancy) {
+    return plan_splits(num_tokens, num_heads, head_groups, topk, num_sms, workspace_bytes, occupancy);
+  };
   if (variant_raises_occupancy(blocks_per_sm, one_stage_blocks_per_sm)) {
-    SplitPlan plan = plan_splits(num_tokens, num_heads, topk, num_sms, workspace_bytes, one_stage_blocks_per_sm);
-    if (one_stage_plan(num_tokens, num_heads, plan, num_sms)) {
+    SplitPlan plan = plan_at(one_stage_blocks_per_sm);
+    if (one_stage_plan(num_tokens, num_heads, head_groups, plan, num_sms)) {
       plan.one_stage = true;
       return plan;
     }
   }
   if (variant_raises_occupancy(blocks_per_sm, decoded_fp8_blocks_per_sm)) {
-    SplitPlan plan = plan_splits(num_tokens, num_heads, topk, num_sms, workspace_bytes, decoded_fp8_blocks_per_sm);
+    SplitPlan plan = plan_at(decoded_fp8_blocks_per_sm);
     plan.decoded_fp8 = true;
     return plan;
   }
-  return plan_splits(num_tokens, num_heads, topk, num_sms, workspace_bytes, blocks_per_sm);
+  return plan_at(blocks_per_sm);
+}
+
+int plan_head_groups(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
+                     int sixteen_head_blocks_per_sm, int thirty_two_head_blocks_per_sm) {
+  if (num_heads <= 16 || sixteen_head_blocks_per_sm >= 2) return 1;
+  const SplitPlan wide = plan_splits(num_tokens, num_heads, kMaxHeadGroups, topk, num_sms, workspace_bytes,
+                                     thirty_two_head_blocks_per_sm);
+  return wide.num_splits > 1 && wide.tiles_per_split < kCoResidentMinTiles ? 1 : kMaxHeadGroups;
 }
 
 int64_t workspace_size(int num_sms) {
@@ -375,6 +388,10 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   }
   if (!std::isfinite(a.sm_scale) || std::fabs(a.sm_scale) > 3.0e38)
     fail("sm_scale must be a finite float32 value, got ", a.sm_scale);
+  if (a.block_heads != 0 && a.block_heads != 16 && a.block_heads != 16 * kMaxHeadGroups)
+    fail("block_heads must be 0 (planned), 16 or ", 16 * kMaxHeadGroups, ", got ", a.block_heads);
+  if (a.block_heads > 16 && H <= 16)
+    fail("block_heads ", a.block_heads, " needs num_heads > 16 (q.shape[1] is ", H, ")");
 
   SparseMlaFwdLaunch launch{};
   launch.dtype = dtype;
@@ -411,20 +428,27 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   if (T > (int64_t{1} << 30) / ((H + 15) / 16)) fail("q.shape[0] (num_tokens) is too large");
   // Occupancies are CUDA queries (cached per device): asked only for a launch.
   const bool ask = blocks_per_sm != nullptr && T > 0;
-  const auto occupancy = [&](FwdVariant variant) {
-    return ask ? blocks_per_sm(dtype, format, p.head_size, p.num_heads, variant) : variant == FwdVariant::kMain ? 1 : 0;
+  const auto occupancy = [&](int head_groups, FwdVariant variant) {
+    return ask ? blocks_per_sm(dtype, format, p.head_size, head_groups, variant) : variant == FwdVariant::kMain ? 1 : 0;
   };
-  const int decoded_fp8_blocks = occupancy(FwdVariant::kDecodedFp8);
+  const int head_groups = a.block_heads != 0
+                              ? static_cast<int>(a.block_heads / 16)
+                              : plan_head_groups(p.num_tokens, p.num_heads, p.topk, num_sms, workspace_bytes,
+                                                 occupancy(1, FwdVariant::kMain),
+                                                 occupancy(kMaxHeadGroups, FwdVariant::kMain));
+  const int decoded_fp8_blocks = occupancy(head_groups, FwdVariant::kDecodedFp8);
   // Before sm_89 every fp8 launch decodes once (decoded_fp8_plan): planned at that occupancy.
   const SplitPlan split = plan_fwd_splits(
-      p.num_tokens, p.num_heads, p.topk, num_sms, workspace_bytes,
-      software_fp8_convert(sm_version) && decoded_fp8_blocks > 0 ? decoded_fp8_blocks : occupancy(FwdVariant::kMain),
-      occupancy(FwdVariant::kOneStage), decoded_fp8_blocks);
+      p.num_tokens, p.num_heads, head_groups, p.topk, num_sms, workspace_bytes,
+      software_fp8_convert(sm_version) && decoded_fp8_blocks > 0 ? decoded_fp8_blocks
+                                                                 : occupancy(head_groups, FwdVariant::kMain),
+      occupancy(head_groups, FwdVariant::kOneStage), decoded_fp8_blocks);
+  p.head_groups = head_groups;
   p.num_splits = split.num_splits;
   p.tiles_per_split = split.tiles_per_split;
   p.one_stage = split.one_stage;
-  p.decoded_fp8 = is_fp8(format) &&
-                  (split.decoded_fp8 || decoded_fp8_plan(p.num_tokens, p.num_heads, split, num_sms, sm_version));
+  p.decoded_fp8 = is_fp8(format) && (split.decoded_fp8 || decoded_fp8_plan(p.num_tokens, p.num_heads, head_groups,
+                                                                          split, num_sms, sm_version));
   p.combine_split_groups = combine_split_groups(p.num_tokens, p.num_heads, p.num_splits, num_sms);
   if (p.num_splits > 1) {
     float* ws = static_cast<float*>(const_cast<void*>(a.workspace.data));

@@ -44,6 +44,7 @@ struct SparseMlaFwdArgs {
   double sm_scale = 0.0;
   int64_t topk = -1;  // -1: indices.size(1)
   std::string kv_cache_dtype = "auto";
+  int64_t block_heads = 0;  // heads per block: 0 plans it (plan_head_groups); 16 or 32 force it
 };
 
 // The validated launch: parameters plus the configuration to dispatch.
@@ -54,32 +55,35 @@ struct SparseMlaFwdLaunch {
   bool empty;  // no query tokens: nothing to launch
 };
 
-// Blocks of the kernel for (dtype, format, head_size, num_heads) one SM holds at once, or those
-// of its `variant`, 0 where it has none (fwd_blocks_per_sm in launch.h).
-using BlocksPerSmFn = int (*)(DType dtype, KvFormat format, int head_size, int num_heads, FwdVariant variant);
+// Blocks of the kernel for (dtype, format, head_size, head_groups of 16 heads per block) one SM
+// holds at once, or those of its `variant`, 0 where it has none (fwd_blocks_per_sm in launch.h).
+using BlocksPerSmFn = int (*)(DType dtype, KvFormat format, int head_size, int head_groups, FwdVariant variant);
 
-// Checks every argument (shapes, dtypes, devices, alignment, supported H and D, topk >= 1) and
-// throws ArgumentError naming the first bad one. `require_cuda`: all tensors on one CUDA device
-// (the kernel path); otherwise all on one device of any kind (the CPU reference path).
-// num_sms and blocks_per_sm (null: one block per SM, no one-stage variant) plan the split of the
-// top-k axis (only with a workspace) and the kernel variant (plan_fwd_splits).
+// Checks every argument (shapes, dtypes, devices, alignment, supported H and D, topk >= 1,
+// block_heads 0, 16, or 32 with more than 16 heads) and throws ArgumentError naming the first
+// bad one. `require_cuda`: all tensors on one CUDA device (the kernel path); otherwise all on one
+// device of any kind (the CPU reference path).
+// num_sms and blocks_per_sm (null: one block per SM, no one-stage variant) plan the heads per
+// block (plan_head_groups), the split of the top-k axis (only with a workspace) and the kernel
+// variant (plan_fwd_splits).
 // sm_version: the device's compute capability as 10 x major + minor (0: unknown), for
 // decoded_fp8_plan.
 SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& args, bool require_cuda, int num_sms,
                                        BlocksPerSmFn blocks_per_sm = nullptr, int sm_version = 0);
 
-// Split of the top-k axis across blocks for a launch of num_tokens x num_heads (flash-decoding):
-// the split count that minimises a simple cost model (tiles per SM plus the combine pass, see
-// api.cpp), with >= kMinTilesPerSplit tiles per split, at most kMaxSplitBlocksPerSm blocks per
-// SM, and never more workspace than `workspace_bytes`. blocks_per_sm: the kernel's occupancy.
+// Split of the top-k axis across blocks for a launch of num_tokens x num_heads in blocks of
+// 16 x head_groups heads (flash-decoding): the split count that minimises a simple cost model
+// (tiles per SM plus the combine pass, see api.cpp), with >= kMinTilesPerSplit tiles per split,
+// at most kMaxSplitBlocksPerSm blocks per SM, and never more workspace than `workspace_bytes`.
+// blocks_per_sm: the kernel's occupancy.
 struct SplitPlan {
   int num_splits;
   int tiles_per_split;
   bool one_stage = false;    // run the one-stage 16-head 16-bit kernel (plan_fwd_splits)
   bool decoded_fp8 = false;  // run the fp8 kernel that decodes each tile once (plan_fwd_splits)
 };
-SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
-                      int blocks_per_sm = 1);
+SplitPlan plan_splits(int num_tokens, int num_heads, int head_groups, int topk, int num_sms,
+                      int64_t workspace_bytes, int blocks_per_sm = 1);
 // Two: a block of one tile leaves its gather latency unhidden (T = 1 ran 10-30 % slower).
 constexpr int kMinTilesPerSplit = 2;
 constexpr int kMaxSplits = 128;
@@ -93,6 +97,20 @@ constexpr double kCombineBytesPerTile = 64.0 * 1024;
 // kCoResidentMinTiles tiles (T = 4 and 16 plans of 2-5 tiles per block ran 5-18 % slower).
 constexpr double kCoResidentTileTime = 0.7;
 constexpr int kCoResidentMinTiles = 8;
+
+// Heads per block, in groups of 16 (kernel_traits.h kHeadGroups), for a launch of num_tokens x
+// num_heads: 1 up to 16 heads. Above that, 16-head blocks where an SM holds two or more of the
+// 16-head main kernel (sixteen_head_blocks_per_sm: as many warps per SM as one 32-head block, in
+// two blocks that wait on no common barrier), or where the 32-head plan splits the top-k axis
+// into blocks of fewer than kCoResidentMinTiles tiles (decode: a block's time is its chain of
+// dependent tiles, half as long with 16 heads); else 32-head blocks, which gather each row once
+// for 32 heads (thirty_two_head_blocks_per_sm plans them). On the H200, which holds two 16-head
+// blocks of every configuration, 16-head blocks ran 0.995-1.28x the 32-head ones at 32-128 heads
+// (T = 1 1.07-1.28x, fp8 1.01-1.21x at T >= 64); with sm_120's occupancy (one 16-head 16-bit or
+// fp8_ds_mla D576 block per SM) 0.79-0.99x at T >= 64 for those, 1.06-1.28x at T = 1-8 where
+// this rule picks them (v18 in bench/NOTES.md).
+int plan_head_groups(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
+                     int sixteen_head_blocks_per_sm, int thirty_two_head_blocks_per_sm);
 
 // Layout of the combine pass of a split launch (params.h combine_split_groups):
 // kCombineDecodeSplitGroups thread groups over the splits when the num_tokens x num_heads rows
@@ -115,7 +133,7 @@ constexpr bool variant_raises_occupancy(int blocks_per_sm, int variant_blocks_pe
 // (SPARSE_MLA_SM120_OCCUPANCY=1): T = 64 (4 splits of 16-17 tiles) 1.11-1.19x, T = 256 and 1024
 // 1.20-1.25x (bench/NOTES.md v11, v12); split plans of 2-8 tiles per block, which lose the tile a
 // two-stage block prefetches, 0.85-0.96x (v11).
-bool one_stage_plan(int num_tokens, int num_heads, const SplitPlan& plan, int num_sms);
+bool one_stage_plan(int num_tokens, int num_heads, int head_groups, const SplitPlan& plan, int num_sms);
 constexpr int kOneStageMinTiles = 16;
 
 // The launch's split plan and kernel variant: where variant_raises_occupancy holds for the
@@ -125,8 +143,9 @@ constexpr int kOneStageMinTiles = 16;
 // (with sm_120's occupancy on the H200, the 16-head fp8_ds_mla D576 kernel of raw tiles, one per
 // SM, ran 0.90-0.99x the decode-once one, two per SM; bench/NOTES.md v14); otherwise
 // plan_splits at the main kernel's occupancy.
-SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
-                          int blocks_per_sm, int one_stage_blocks_per_sm, int decoded_fp8_blocks_per_sm = 0);
+SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int head_groups, int topk, int num_sms,
+                          int64_t workspace_bytes, int blocks_per_sm, int one_stage_blocks_per_sm,
+                          int decoded_fp8_blocks_per_sm = 0);
 
 // Whether an fp8 launch of `plan` should run the kernel variant that decodes each tile once into
 // shared memory (kernel_traits.h DecodedFp8) rather than per MMA fragment: the grid is one
@@ -138,7 +157,8 @@ SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int topk, int num_sms, 
 // The one-wave rule needs num_sms > 0; sm_version 0 is unknown. plan_sparse_mla_fwd plans
 // launches before sm_89 at the decode-once kernel's occupancy (a one-wave grid's plan is the
 // same at any occupancy).
-bool decoded_fp8_plan(int num_tokens, int num_heads, const SplitPlan& plan, int num_sms, int sm_version = 0);
+bool decoded_fp8_plan(int num_tokens, int num_heads, int head_groups, const SplitPlan& plan, int num_sms,
+                      int sm_version = 0);
 constexpr int kFp8ConvertSmVersion = 89;
 // Whether a device of `sm_version` (0: unknown) converts e4m3 in software.
 constexpr bool software_fp8_convert(int sm_version) { return sm_version > 0 && sm_version < kFp8ConvertSmVersion; }

@@ -1,4 +1,4 @@
-// Run-time (dtype, format, head_size, heads) -> the instantiated kernel configuration.
+// Run-time (dtype, format, head_size, head groups) -> the instantiated kernel configuration.
 #include "kernel_traits.h"
 #include "launch.h"
 #include "static_switch.h"
@@ -7,14 +7,14 @@ namespace sparse_mla {
 
 namespace {
 
-// Calls f(Traits{}) with the SparseMlaFwdTraits of (dtype, format, head_size, num_heads);
-// head_size must be 512 or 576.
+// Calls f(Traits{}) with the SparseMlaFwdTraits of (dtype, format, head_size, head_groups);
+// head_size must be 512 or 576, head_groups 1 or 2.
 template <typename F>
-auto with_fwd_traits(DType dtype, KvFormat format, int head_size, int num_heads, F&& f) {
+auto with_fwd_traits(DType dtype, KvFormat format, int head_size, int head_groups, F&& f) {
   return SPARSE_MLA_DTYPE_SWITCH(dtype, Element, [&] {
     return SPARSE_MLA_FORMAT_SWITCH(format, kFormat, [&] {
       return SPARSE_MLA_HEADDIM_SWITCH(head_size, kHeadDim, [&] {
-        return SPARSE_MLA_HEADGROUPS_SWITCH(head_groups_for(num_heads), kHeadGroups, [&] {
+        return SPARSE_MLA_HEADGROUPS_SWITCH(head_groups, kHeadGroups, [&] {
           return f(SparseMlaFwdTraits<Element, kFormat, kHeadDim, kHeadGroups>{});
         });
       });
@@ -22,20 +22,22 @@ auto with_fwd_traits(DType dtype, KvFormat format, int head_size, int num_heads,
   });
 }
 
-bool instantiated_head_size(int head_size) { return head_size == kHeadSizeNoPE || head_size == kHeadSizeRoPE; }
+bool instantiated(int head_size, int head_groups) {
+  return (head_size == kHeadSizeNoPE || head_size == kHeadSizeRoPE) && (head_groups == 1 || head_groups == 2);
+}
 
 }  // namespace
 
 cudaError_t dispatch_sparse_mla_fwd(const SparseMlaFwdParams& p, DType dtype, KvFormat format,
                                     cudaStream_t stream) {
-  if (!instantiated_head_size(p.head_size)) return cudaErrorInvalidValue;
-  return with_fwd_traits(dtype, format, p.head_size, p.num_heads,
+  if (!instantiated(p.head_size, p.head_groups)) return cudaErrorInvalidValue;
+  return with_fwd_traits(dtype, format, p.head_size, p.head_groups,
                          [&](auto traits) { return run_sparse_mla_fwd<decltype(traits)>(p, stream); });
 }
 
-int fwd_blocks_per_sm(DType dtype, KvFormat format, int head_size, int num_heads, FwdVariant variant) {
-  if (!instantiated_head_size(head_size)) return variant == FwdVariant::kMain ? 1 : 0;
-  return with_fwd_traits(dtype, format, head_size, num_heads,
+int fwd_blocks_per_sm(DType dtype, KvFormat format, int head_size, int head_groups, FwdVariant variant) {
+  if (!instantiated(head_size, head_groups)) return variant == FwdVariant::kMain ? 1 : 0;
+  return with_fwd_traits(dtype, format, head_size, head_groups,
                          [&](auto traits) { return sparse_mla_fwd_blocks_per_sm<decltype(traits)>(variant); });
 }
 

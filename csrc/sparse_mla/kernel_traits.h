@@ -11,9 +11,11 @@
 
 namespace sparse_mla {
 
-// Heads one block serves: 16 (one m16 tile), or 32 when a token has more heads, so that each
-// gathered KV tile feeds twice the MMA work and L2 serves each row to half as many blocks.
+// Heads one block serves: 16 (one m16 tile), or 32, so that each gathered KV tile feeds twice the
+// MMA work and L2 serves each row to half as many blocks. Which one a launch of more than 16
+// heads runs is planned (api.h plan_head_groups).
 constexpr int kMaxHeadGroups = 2;
+// The groups of the largest block a token of num_heads heads can fill.
 constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 
 // QElement: q / out type. kFormat: cache row format. kHeadDim: D (512 or 576). kHeadGroups:

@@ -22,15 +22,15 @@ cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream)
 template <typename Traits>
 int sparse_mla_fwd_blocks_per_sm(FwdVariant variant);
 
-// The same for the configuration the dispatch below picks.
-int fwd_blocks_per_sm(DType dtype, KvFormat format, int head_size, int num_heads, FwdVariant variant);
+// The same for the configuration of (dtype, format, head_size, head_groups of 16 heads per block).
+int fwd_blocks_per_sm(DType dtype, KvFormat format, int head_size, int head_groups, FwdVariant variant);
 
-// Picks the instantiation for (dtype, format, p.head_size, p.num_heads) and launches it. `p` must
+// Picks the instantiation for (dtype, format, p.head_size, p.head_groups) and launches it. `p` must
 // come from plan_sparse_mla_fwd (which validates every argument; with num_splits > 1 its
 // partial_out / partial_lse lie in a workspace that overlaps no input) with num_tokens >= 1.
-// Returns cudaErrorInvalidValue for a head_size other than 512 / 576, else the error of
-// cudaFuncSetAttribute or of either launch (cudaSuccess when both were queued). dtype and
-// format are not re-checked here.
+// Returns cudaErrorInvalidValue for a head_size other than 512 / 576 or head_groups other than
+// 1 / 2, else the error of cudaFuncSetAttribute or of either launch (cudaSuccess when both were
+// queued). dtype and format are not re-checked here.
 cudaError_t dispatch_sparse_mla_fwd(const SparseMlaFwdParams& p, DType dtype, KvFormat format,
                                     cudaStream_t stream);
 

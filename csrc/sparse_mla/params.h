@@ -35,6 +35,9 @@ struct SparseMlaFwdParams {
   int num_tokens;
   int num_heads;
   int head_size;   // D: 512 or 576
+  // Blocks of 16 x head_groups heads (1 or 2; kernel_traits.h kHeadGroups), planned by api.h
+  // plan_head_groups. Read by the launch, which picks the kernel.
+  int head_groups;
   float sm_scale_log2;  // sm_scale * log2(e): the kernel works in base 2
 
   // Split of the top-k axis across blocks (flash-decoding). num_splits == 1 writes out/lse

@@ -41,12 +41,16 @@ class Case:
     # those of value_scale_log2=0 and out is scaled by it: bf16 cache values past fp16's range or
     # in its subnormals, which the bf16 cache's MMAs must take as stored. Not part of the seed.
     value_scale_log2: int = 0
+    # Heads per kernel block forced on the op (ops.sparse_mla_fwd block_heads); None: planned.
+    # Not part of the seed: the inputs of the planned launch.
+    block_heads: int | None = None
 
     def label(self) -> str:
         return (f"D{self.head_size} H{self.num_heads} topk{self.topk} T{self.num_tokens} "
                 f"{self.q_dtype}/{self.kv_cache_dtype} {self.masking} bs{self.block_size} "
                 f"{self.layout} s{self.sm_scale:.4g}" + (f" spread2^-{self.row_spread}" if self.row_spread else "")
-                + (f" values2^{self.value_scale_log2}" if self.value_scale_log2 else ""))
+                + (f" values2^{self.value_scale_log2}" if self.value_scale_log2 else "")
+                + (f" {self.block_heads}-head blocks" if self.block_heads else ""))
 
 
 @dataclasses.dataclass
@@ -63,12 +67,12 @@ class CaseInputs:
 
 
 def case_seed(case: Case) -> int:
-    """The generator seed of a case's inputs: a CRC-32 of its repr without ``row_spread`` and
-    ``value_scale_log2`` (the dataclass repr of every other field, as before those existed), so
-    the same case draws the same inputs in every process (Python's str hash is salted per
-    process); ``Case.seed`` gives a fresh draw."""
+    """The generator seed of a case's inputs: a CRC-32 of its repr without ``row_spread``,
+    ``value_scale_log2`` and ``block_heads`` (the dataclass repr of every other field, as before
+    those existed), so the same case draws the same inputs in every process (Python's str hash is
+    salted per process); ``Case.seed`` gives a fresh draw."""
     fields = ", ".join(f"{f.name}={getattr(case, f.name)!r}" for f in dataclasses.fields(case)
-                       if f.name not in ("row_spread", "value_scale_log2"))
+                       if f.name not in ("row_spread", "value_scale_log2", "block_heads"))
     return zlib.crc32(f"{type(case).__qualname__}({fields})".encode()) & 0x7FFFFFFF
 
 

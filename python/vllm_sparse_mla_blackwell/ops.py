@@ -51,7 +51,7 @@ if EXTENSION_ERROR is None:
 
     @torch.library.register_fake(f"{NAMESPACE}::sparse_mla_fwd")
     def _sparse_mla_fwd_fake(q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, workspace,
-                             sm_scale, topk, kv_cache_dtype):
+                             sm_scale, topk, kv_cache_dtype, block_heads=0):
         return None
 
     @torch.library.register_fake(f"{NAMESPACE}::concat_and_cache_sparse_mla")
@@ -60,10 +60,11 @@ if EXTENSION_ERROR is None:
 
     @torch.library.impl(f"{NAMESPACE}::sparse_mla_fwd", "CPU")
     def _sparse_mla_fwd_cpu(q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, workspace,
-                            sm_scale, topk, kv_cache_dtype):
+                            sm_scale, topk, kv_cache_dtype, block_heads=0):
         # Same argument checks as the CUDA path, then the fp32 reference.
         torch.ops.sparse_mla_bw.check_sparse_mla_fwd(
-            q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, workspace, sm_scale, topk, kv_cache_dtype
+            q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, workspace, sm_scale, topk, kv_cache_dtype,
+            block_heads,
         )
         head_size = q.shape[-1] + (0 if q_pe is None else q_pe.shape[-1])
         rows = reference.dequantize_kv_cache(kv_cache, kv_cache_dtype, head_size, k_scale)
@@ -120,7 +121,9 @@ def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, n
     at once, as the CUDA occupancy calculator gives it for the kernel configuration of q/out
     ``dtype`` (``torch.bfloat16`` or ``torch.float16``), ``kv_cache_dtype`` (``"bfloat16"``,
     ``"float16"``, ``"fp8_e4m3"`` or ``"fp8_ds_mla"``; not ``"auto"``), ``head_size`` (512 or
-    576) and ``num_heads`` (1-16 run 16-head blocks, 17-128 32-head ones). For the fp8 formats
+    576) and ``num_heads`` heads per block (1-16: the 16-head kernel, 17-128: the 32-head one;
+    which a launch runs is planned from these counts, csrc/sparse_mla/api.h
+    ``plan_head_groups``). For the fp8 formats
     that kernel keeps its tiles raw in shared memory. With ``one_stage``, the count of the
     configuration's one-stage variant (16-head 16-bit caches only); with ``decoded_fp8``, that of
     its variant that decodes each tile once (fp8 caches, but not fp8_e4m3's 32-head blocks at
@@ -181,6 +184,7 @@ def sparse_mla_fwd(
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
+    block_heads: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse-MLA attention over ``topk`` gathered cache rows per query token (SPEC §3.1).
 
@@ -206,6 +210,10 @@ def sparse_mla_fwd(
         lse: optional fp32 ``[T, H]`` output, natural-log sum-exp of the valid scaled scores.
         workspace: optional uint8 buffer of ``workspace_size`` bytes; default one per device
             from ``get_workspace``.
+        block_heads: heads per kernel block, 16 or 32 (32 needs ``num_heads > 16``); default
+            ``None`` lets the planner choose from the GPU's occupancy and the launch's shape
+            (csrc/sparse_mla/api.h ``plan_head_groups``). For tests and benchmarks of either
+            kernel; the result is the same up to rounding.
 
     Returns:
         ``(out, lse)``. A token with no valid slot gets ``out = 0``, ``lse = -inf``.
@@ -217,6 +225,8 @@ def sparse_mla_fwd(
     """
     if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int)):
         raise ValueError(f"topk must be an int or None, got {topk!r}")
+    if block_heads is not None and (isinstance(block_heads, bool) or not isinstance(block_heads, int)):
+        raise ValueError(f"block_heads must be 16, 32 or None, got {block_heads!r}")
     if q.dim() != 3 and (out is None or lse is None):
         raise ValueError(f"q must have 3 dims [num_tokens, num_heads, head_size], got shape {tuple(q.shape)}")
     num_tokens, num_heads = q.shape[0], q.shape[1]
@@ -229,6 +239,7 @@ def sparse_mla_fwd(
     _ops().sparse_mla_fwd(
         q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, workspace,
         float(sm_scale), -1 if topk is None else topk, kv_cache_dtype,
+        0 if block_heads is None else block_heads,
     )
     return out, lse
 

@@ -47,13 +47,19 @@ def case_groups(quick: bool, kv_dtypes: tuple[str, ...]) -> dict[str, list[Case]
     g["kv cache dtype"] = [
         Case(head_size=d, num_heads=16, topk=2048, num_tokens=64, q_dtype=qd, kv_cache_dtype=kv)
         for d in HEAD_SIZES for qd in ("bf16", "fp16") for kv in kv_dtypes
-    ] + [  # fp8 in 32-head blocks, and both kernels of each fp8 format (kernel_traits.h): grids
-        # of one wave, fp8_e4m3's 32-head blocks at D = 512 and GPUs before sm_89 decode each
-        # tile once, other launches keep tiles raw (api.h plan_fwd_splits, decoded_fp8_plan; which
-        # case runs which depends on the GPU: on the H200 T = 7, and T = 64 x 64 heads, decode
-        # once, T = 256 x 64 heads (fp8_e4m3: at D = 576) and 16 heads x T = 64 above keep tiles raw)
-        Case(head_size=d, num_heads=h, topk=2048, num_tokens=t, kv_cache_dtype=kv)
-        for d in HEAD_SIZES for kv in kv_dtypes if kv in KV_FP8 for h, t in ((64, 64), (64, 256), (16, 7))
+    ] + [  # fp8 at 64 heads in the planned blocks and in 32-head ones, and both kernels of each
+        # fp8 format (kernel_traits.h): grids of one wave, fp8_e4m3's 32-head blocks at D = 512
+        # and GPUs before sm_89 decode each tile once, other launches keep tiles raw (api.h
+        # plan_head_groups, plan_fwd_splits, decoded_fp8_plan; which case runs which depends on
+        # the GPU: on the H200 the planned 64-head launches run 16-head blocks, T = 7 decodes once)
+        Case(head_size=d, num_heads=h, topk=2048, num_tokens=t, kv_cache_dtype=kv, block_heads=bh)
+        for d in HEAD_SIZES for kv in kv_dtypes if kv in KV_FP8
+        for h, t, bh in ((64, 64, None), (64, 256, None), (64, 64, 32), (64, 256, 32), (16, 7, None))
+    ]
+    g["32-head blocks"] = [  # the 16-bit caches' 32-head kernels, which a GPU holding two 16-head
+        # blocks per SM (the H200) never plans (api.h plan_head_groups)
+        Case(head_size=d, num_heads=h, q_dtype=qd, kv_cache_dtype=qd, topk=2048, num_tokens=t, block_heads=32)
+        for d in HEAD_SIZES for qd in ("bf16", "fp16") for h, t in ((32, 7), (64, 7), (128, 7), (32, 1), (32, 513))
     ]
     g["masking"] = [
         Case(head_size=d, num_heads=16, topk=512, num_tokens=64, masking=m) for d in HEAD_SIZES
@@ -87,7 +93,7 @@ def run_case(case: Case, device: torch.device) -> CaseResult:
     out, lse = ops.sparse_mla_fwd(
         inputs.q, inputs.kv_cache, inputs.indices, case.sm_scale, q_pe=inputs.q_pe,
         kv_cache_dtype=inputs.kv_cache_dtype, k_scale=inputs.k_scale, topk=case.topk,
-        topk_len=inputs.topk_len, out=inputs.out, lse=lse,
+        topk_len=inputs.topk_len, out=inputs.out, lse=lse, block_heads=case.block_heads,
     )
     torch.cuda.synchronize(device)
     return cases.compare(case, inputs, out, lse)

@@ -5,10 +5,15 @@
 #include <tuple>
 
 #include "api.h"
+#include "kernel_traits.h"
 
 using namespace sparse_mla;
 
 namespace {
+
+// Head groups of a plan: 16-head and 32-head blocks.
+constexpr int kOneGroup = 1;
+constexpr int kTwoGroups = 2;
 
 // The checks never dereference data: each tensor gets its own 16-byte aligned fake address,
 // far enough from the others that no two overlap.
@@ -100,6 +105,14 @@ TEST(SparseMlaFwdChecks, NamesTheBadArgument) {
   a = good_args();
   a.topk = 0;
   EXPECT_NE(error_of(a).find("topk must be >= 1"), std::string::npos);
+
+  a = good_args(4, 32);
+  a.block_heads = 8;
+  EXPECT_NE(error_of(a).find("block_heads must be 0 (planned), 16 or 32, got 8"), std::string::npos);
+
+  a = good_args(4, 16);
+  a.block_heads = 32;
+  EXPECT_NE(error_of(a).find("block_heads 32 needs num_heads > 16"), std::string::npos);
 }
 
 TEST(SparseMlaFwdChecks, ZeroTokensPlansAnEmptyLaunch) {
@@ -136,62 +149,64 @@ TEST(SparseMlaFwdChecks, CpuPathAcceptsCpuTensorsOnly) {
 TEST(SplitPlan, SplitsOnlyWhenTheGridIsSmall) {
   const int64_t ws = workspace_size(132);
   // One decode token, 16 heads, topk 2048: 64 tiles -> split to fill the GPU.
-  SplitPlan p = plan_splits(1, 16, 2048, 132, ws);
+  SplitPlan p = plan_splits(1, 16, kOneGroup, 2048, 132, ws);
   EXPECT_GT(p.num_splits, 1);
   EXPECT_GE(p.tiles_per_split, kMinTilesPerSplit);
   EXPECT_GE(p.num_splits * p.tiles_per_split, 64);
   EXPECT_LT((p.num_splits - 1) * p.tiles_per_split, 64);  // no empty trailing split
   // Enough blocks already: no split, no combine pass.
-  EXPECT_EQ(plan_splits(4096, 64, 2048, 132, ws).num_splits, 1);
-  EXPECT_EQ(plan_splits(132, 16, 2048, 132, ws).num_splits, 1);
+  EXPECT_EQ(plan_splits(4096, 64, kTwoGroups, 2048, 132, ws).num_splits, 1);
+  EXPECT_EQ(plan_splits(132, 16, kOneGroup, 2048, 132, ws).num_splits, 1);
   // Short top-k: nothing to split.
-  EXPECT_EQ(plan_splits(1, 16, 32, 132, ws).num_splits, 1);
+  EXPECT_EQ(plan_splits(1, 16, kOneGroup, 32, 132, ws).num_splits, 1);
   // No tokens: nothing to plan (and no division by zero).
-  EXPECT_EQ(plan_splits(0, 16, 2048, 132, ws).num_splits, 1);
+  EXPECT_EQ(plan_splits(0, 16, kOneGroup, 2048, 132, ws).num_splits, 1);
   // No workspace: no split.
-  EXPECT_EQ(plan_splits(1, 16, 2048, 132, 0).num_splits, 1);
+  EXPECT_EQ(plan_splits(1, 16, kOneGroup, 2048, 132, 0).num_splits, 1);
 }
 
 TEST(SplitPlan, SplitsAnUnderfilledGridIntoOneWave) {
   const int64_t ws = workspace_size(132);
   // 64 blocks of 32 heads x 68 tiles on 132 SMs: two splits fill one wave with half the tiles.
-  SplitPlan p = plan_splits(64, 32, 2176, 132, ws);
+  SplitPlan p = plan_splits(64, 32, kTwoGroups, 2176, 132, ws);
   EXPECT_EQ(p.num_splits, 2);
   EXPECT_EQ(p.tiles_per_split, 34);
   // DeepSeek-V3.2 decode of 16 tokens x 128 heads: 64 blocks -> two splits as well.
-  EXPECT_EQ(plan_splits(16, 128, 2048, 132, ws).num_splits, 2);
+  EXPECT_EQ(plan_splits(16, 128, kTwoGroups, 2048, 132, ws).num_splits, 2);
   // One token: one or two tiles per block, at most kMaxSplitBlocksPerSm blocks per SM.
-  p = plan_splits(1, 128, 2048, 132, ws);
+  p = plan_splits(1, 128, kTwoGroups, 2048, 132, ws);
   EXPECT_LE(p.tiles_per_split, 2);
   EXPECT_LE(int64_t{p.num_splits} * 4, int64_t{kMaxSplitBlocksPerSm} * 132);
   // A partial second wave is worth splitting too (133 blocks: 2 x 64 tiles -> 3 x 32).
-  EXPECT_EQ(plan_splits(133, 16, 2048, 132, ws).num_splits, 2);
+  EXPECT_EQ(plan_splits(133, 16, kOneGroup, 2048, 132, ws).num_splits, 2);
 }
 
 TEST(SplitPlan, UsesASecondBlockPerSmWhereItFits) {
   const int64_t ws = workspace_size(132);
   // 64 blocks of 16 heads x 64 tiles: one block per SM -> 2 splits; two per SM -> 4 splits,
   // every SM running two blocks of 16 tiles.
-  EXPECT_EQ(plan_splits(64, 16, 2048, 132, ws, 1).num_splits, 2);
-  const SplitPlan p = plan_splits(64, 16, 2048, 132, ws, 2);
+  EXPECT_EQ(plan_splits(64, 16, kOneGroup, 2048, 132, ws, 1).num_splits, 2);
+  const SplitPlan p = plan_splits(64, 16, kOneGroup, 2048, 132, ws, 2);
   EXPECT_EQ(p.num_splits, 4);
   EXPECT_EQ(p.tiles_per_split, 16);
   // Blocks of a few tiles do not gain from sharing an SM: T = 16 keeps its 8 splits of 8 tiles.
-  EXPECT_EQ(plan_splits(16, 16, 2048, 132, ws, 2).num_splits, plan_splits(16, 16, 2048, 132, ws, 1).num_splits);
-  EXPECT_EQ(plan_splits(16, 16, 2048, 132, ws, 2).num_splits, 8);
+  EXPECT_EQ(plan_splits(16, 16, kOneGroup, 2048, 132, ws, 2).num_splits,
+            plan_splits(16, 16, kOneGroup, 2048, 132, ws, 1).num_splits);
+  EXPECT_EQ(plan_splits(16, 16, kOneGroup, 2048, 132, ws, 2).num_splits, 8);
   // A grid that fills the GPU stays unsplit whatever the occupancy.
-  EXPECT_EQ(plan_splits(1024, 16, 2048, 132, ws, 2).num_splits, 1);
+  EXPECT_EQ(plan_splits(1024, 16, kOneGroup, 2048, 132, ws, 2).num_splits, 1);
 }
 
 TEST(SplitPlan, OutsideTheAdmittedDomainNothingSplits) {
   const int64_t ws = workspace_size(132);
   for (const auto& [T, H, topk] : {std::tuple{-1, -100, 2048}, std::tuple{1, 0, 2048}, std::tuple{1, 129, 2048},
                                    std::tuple{1, 16, 0}, std::tuple{1, 16, (1 << 30) + 1}, std::tuple{1, 16, 2147483647}}) {
-    const SplitPlan p = plan_splits(T, H, topk, 132, ws, 2);
+    const SplitPlan p = plan_splits(T, H, head_groups_for(H), topk, 132, ws, 2);
     EXPECT_EQ(p.num_splits, 1) << T << " " << H << " " << topk;
     EXPECT_GE(p.tiles_per_split, 1);
   }
-  EXPECT_EQ(plan_splits(1, 16, 2147483647, 132, ws).tiles_per_split, 67108864);  // covers every tile
+  EXPECT_EQ(plan_splits(1, 16, kOneGroup, 2147483647, 132, ws).tiles_per_split, 67108864);  // covers every tile
+  for (int groups : {0, 3}) EXPECT_EQ(plan_splits(1, 64, groups, 2048, 132, ws).num_splits, 1) << groups;
 }
 
 TEST(SplitPlan, CombineUsesFourThreadGroupsOnlyAtDecode) {
@@ -214,16 +229,16 @@ TEST(SplitPlan, CombineUsesFourThreadGroupsOnlyAtDecode) {
 
 TEST(SplitPlan, OneStageKernelWhereTwoBlocksShareAnSmForLong) {
   // 132 SMs; 16 heads are one block per token, 64 heads two.
-  EXPECT_TRUE(one_stage_plan(1024, 16, {1, 64}, 132));   // unsplit, two blocks for every SM
-  EXPECT_TRUE(one_stage_plan(264, 8, {1, 3}, 132));      // ... however short
-  EXPECT_TRUE(one_stage_plan(132, 64, {1, 64}, 132));    // 264 blocks of 32 heads
-  EXPECT_TRUE(one_stage_plan(64, 16, {4, 16}, 132));     // 256 blocks of 16 tiles
-  EXPECT_TRUE(one_stage_plan(200, 16, {1, 68}, 132));    // 68 SMs get a second long block
-  EXPECT_FALSE(one_stage_plan(200, 16, {1, 8}, 132));    // ... a short one
-  EXPECT_FALSE(one_stage_plan(16, 16, {16, 4}, 132));    // 256 blocks of 4 tiles
-  EXPECT_FALSE(one_stage_plan(16, 16, {8, 8}, 132));     // 128 blocks: one per SM
-  EXPECT_FALSE(one_stage_plan(132, 16, {1, 64}, 132));   // one per SM, however long
-  EXPECT_FALSE(one_stage_plan(1024, 16, {1, 64}, 0));    // SM count unknown
+  EXPECT_TRUE(one_stage_plan(1024, 16, kOneGroup, {1, 64}, 132));   // unsplit, two blocks for every SM
+  EXPECT_TRUE(one_stage_plan(264, 8, kOneGroup, {1, 3}, 132));      // ... however short
+  EXPECT_TRUE(one_stage_plan(132, 64, kTwoGroups, {1, 64}, 132));    // 264 blocks of 32 heads
+  EXPECT_TRUE(one_stage_plan(64, 16, kOneGroup, {4, 16}, 132));     // 256 blocks of 16 tiles
+  EXPECT_TRUE(one_stage_plan(200, 16, kOneGroup, {1, 68}, 132));    // 68 SMs get a second long block
+  EXPECT_FALSE(one_stage_plan(200, 16, kOneGroup, {1, 8}, 132));    // ... a short one
+  EXPECT_FALSE(one_stage_plan(16, 16, kOneGroup, {16, 4}, 132));    // 256 blocks of 4 tiles
+  EXPECT_FALSE(one_stage_plan(16, 16, kOneGroup, {8, 8}, 132));     // 128 blocks: one per SM
+  EXPECT_FALSE(one_stage_plan(132, 16, kOneGroup, {1, 64}, 132));   // one per SM, however long
+  EXPECT_FALSE(one_stage_plan(1024, 16, kOneGroup, {1, 64}, 0));    // SM count unknown
 }
 
 TEST(SplitPlan, OneStagePlanOnlyWhereItDoublesTheBlocksPerSm) {
@@ -235,24 +250,24 @@ TEST(SplitPlan, OneStagePlanOnlyWhereItDoublesTheBlocksPerSm) {
   const int64_t ws = workspace_size(132);
   // sm_120's occupancy (one two-stage block per SM, two one-stage): T = 64 plans four splits of
   // 16 tiles for two blocks per SM, T = 1024 stays unsplit; both run the one-stage kernel.
-  SplitPlan p = plan_fwd_splits(64, 16, 2048, 132, ws, 1, 2);
+  SplitPlan p = plan_fwd_splits(64, 16, kOneGroup, 2048, 132, ws, 1, 2);
   EXPECT_TRUE(p.one_stage);
   EXPECT_EQ(p.num_splits, 4);
   EXPECT_EQ(p.tiles_per_split, 16);
-  p = plan_fwd_splits(1024, 16, 2048, 132, ws, 1, 2);
+  p = plan_fwd_splits(1024, 16, kOneGroup, 2048, 132, ws, 1, 2);
   EXPECT_TRUE(p.one_stage);
   EXPECT_EQ(p.num_splits, 1);
   // Blocks of few tiles (T = 1, 4, 16) keep the two-stage kernel and its plan.
   for (int T : {1, 4, 16}) {
-    p = plan_fwd_splits(T, 16, 2048, 132, ws, 1, 2);
+    p = plan_fwd_splits(T, 16, kOneGroup, 2048, 132, ws, 1, 2);
     EXPECT_FALSE(p.one_stage) << T;
-    EXPECT_EQ(p.num_splits, plan_splits(T, 16, 2048, 132, ws, 1).num_splits) << T;
+    EXPECT_EQ(p.num_splits, plan_splits(T, 16, kOneGroup, 2048, 132, ws, 1).num_splits) << T;
   }
   // The H200 (two two-stage blocks per SM), no second one-stage block, no variant (0).
   for (const auto& [two, one] : {std::pair{2, 4}, std::pair{1, 1}, std::pair{1, 0}}) {
-    p = plan_fwd_splits(64, 16, 2048, 132, ws, two, one);
+    p = plan_fwd_splits(64, 16, kOneGroup, 2048, 132, ws, two, one);
     EXPECT_FALSE(p.one_stage) << two << " " << one;
-    EXPECT_EQ(p.num_splits, plan_splits(64, 16, 2048, 132, ws, two).num_splits) << two << " " << one;
+    EXPECT_EQ(p.num_splits, plan_splits(64, 16, kOneGroup, 2048, 132, ws, two).num_splits) << two << " " << one;
   }
 }
 
@@ -261,8 +276,8 @@ TEST(SplitPlan, OneStagePlanOnlyWhereItDoublesTheBlocksPerSm) {
 // decode-once ones, but fp8_ds_mla at D = 576 one of raw tiles; the other configurations one
 // block, and one of the decode-once variant but for fp8_e4m3's 32-head D = 512 kernel, which has
 // none (0).
-int sm120_like_blocks_per_sm(DType, KvFormat format, int head_size, int num_heads, FwdVariant variant) {
-  const bool sixteen = num_heads <= 16;
+int sm120_like_blocks_per_sm(DType, KvFormat format, int head_size, int head_groups, FwdVariant variant) {
+  const bool sixteen = head_groups == 1;
   const bool bits16 = format == KvFormat::kBFloat16 || format == KvFormat::kFloat16;
   switch (variant) {
     case FwdVariant::kOneStage: return sixteen && bits16 ? 2 : 0;
@@ -295,18 +310,19 @@ TEST(SplitPlan, DecodedFp8KernelWhereItDoublesTheBlocksPerSm) {
   // One block of raw tiles per SM, two decode-once ones (sm_120, 16-head fp8_ds_mla at D = 576):
   // the decode-once kernel at its occupancy, whatever the grid.
   for (int T : {1, 16, 32, 64, 1024}) {  // T = 32: 5 x 13 tiles at one block per SM, 8 x 8 at two
-    const SplitPlan p = plan_fwd_splits(T, 16, 2048, 170, ws, 1, 0, 2);
-    const SplitPlan want = plan_splits(T, 16, 2048, 170, ws, 2);
+    const SplitPlan p = plan_fwd_splits(T, 16, kOneGroup, 2048, 170, ws, 1, 0, 2);
+    const SplitPlan want = plan_splits(T, 16, kOneGroup, 2048, 170, ws, 2);
     EXPECT_TRUE(p.decoded_fp8 && !p.one_stage) << T;
     EXPECT_EQ(p.num_splits, want.num_splits) << T;
     EXPECT_EQ(p.tiles_per_split, want.tiles_per_split) << T;
   }
-  EXPECT_NE(plan_splits(32, 16, 2048, 170, ws, 1).num_splits, plan_splits(32, 16, 2048, 170, ws, 2).num_splits);
+  EXPECT_NE(plan_splits(32, 16, kOneGroup, 2048, 170, ws, 1).num_splits,
+            plan_splits(32, 16, kOneGroup, 2048, 170, ws, 2).num_splits);
   // The H200 (two of raw tiles), no second decode-once block, no variant: the main kernel's plan.
   for (const auto& [raw, decoded] : {std::pair{2, 2}, std::pair{1, 1}, std::pair{1, 0}}) {
-    const SplitPlan p = plan_fwd_splits(64, 16, 2048, 170, ws, raw, 0, decoded);
+    const SplitPlan p = plan_fwd_splits(64, 16, kOneGroup, 2048, 170, ws, raw, 0, decoded);
     EXPECT_FALSE(p.decoded_fp8) << raw << " " << decoded;
-    EXPECT_EQ(p.num_splits, plan_splits(64, 16, 2048, 170, ws, raw).num_splits) << raw << " " << decoded;
+    EXPECT_EQ(p.num_splits, plan_splits(64, 16, kOneGroup, 2048, 170, ws, raw).num_splits) << raw << " " << decoded;
   }
   // Through the launch plan, with sm_120's occupancies (an RTX 5090's 170 SMs, sm_120).
   auto decoded = [](const char* kv_cache_dtype, int64_t D, int64_t T, int64_t H) {
@@ -335,27 +351,28 @@ TEST(SplitPlan, BeforeSm89TheDecodeOnceKernelIsPlannedAtItsOwnOccupancy) {
   const int64_t ws = workspace_size(132);  // good_args' workspace
   for (const auto& [sm_version, blocks] : {std::pair{86, 1}, std::pair{120, 2}}) {
     const SparseMlaFwdParams p = plan_sparse_mla_fwd(a, true, 170, &raw_twice_decoded_once, sm_version).params;
-    const SplitPlan want = plan_splits(32, 16, 2048, 170, ws, blocks);
+    const SplitPlan want = plan_splits(32, 16, kOneGroup, 2048, 170, ws, blocks);
     EXPECT_EQ(p.decoded_fp8, sm_version == 86);
     EXPECT_EQ(p.num_splits, want.num_splits) << sm_version;
     EXPECT_EQ(p.tiles_per_split, want.tiles_per_split) << sm_version;
   }
-  EXPECT_NE(plan_splits(32, 16, 2048, 170, ws, 1).num_splits, plan_splits(32, 16, 2048, 170, ws, 2).num_splits);
+  EXPECT_NE(plan_splits(32, 16, kOneGroup, 2048, 170, ws, 1).num_splits,
+            plan_splits(32, 16, kOneGroup, 2048, 170, ws, 2).num_splits);
 }
 
 TEST(SplitPlan, DecodedFp8KernelForGridsOfOneWave) {
   // 132 SMs; 16 heads are one block per token, 64 heads two.
-  EXPECT_TRUE(decoded_fp8_plan(1, 16, {34, 2}, 132));     // T = 1: 34 blocks
-  EXPECT_TRUE(decoded_fp8_plan(16, 16, {8, 9}, 132));     // 128 blocks
-  EXPECT_TRUE(decoded_fp8_plan(64, 64, {1, 64}, 132));    // 128 blocks of 32 heads
-  EXPECT_TRUE(decoded_fp8_plan(132, 16, {1, 68}, 132));   // one per SM, however long
-  EXPECT_FALSE(decoded_fp8_plan(133, 16, {1, 68}, 132));  // a second wave
-  EXPECT_FALSE(decoded_fp8_plan(64, 16, {4, 17}, 132));   // 256 blocks: two per SM
-  EXPECT_FALSE(decoded_fp8_plan(1, 16, {34, 2}, 0));      // SM count unknown
+  EXPECT_TRUE(decoded_fp8_plan(1, 16, kOneGroup, {34, 2}, 132));     // T = 1: 34 blocks
+  EXPECT_TRUE(decoded_fp8_plan(16, 16, kOneGroup, {8, 9}, 132));     // 128 blocks
+  EXPECT_TRUE(decoded_fp8_plan(64, 64, kTwoGroups, {1, 64}, 132));    // 128 blocks of 32 heads
+  EXPECT_TRUE(decoded_fp8_plan(132, 16, kOneGroup, {1, 68}, 132));   // one per SM, however long
+  EXPECT_FALSE(decoded_fp8_plan(133, 16, kOneGroup, {1, 68}, 132));  // a second wave
+  EXPECT_FALSE(decoded_fp8_plan(64, 16, kOneGroup, {4, 17}, 132));   // 256 blocks: two per SM
+  EXPECT_FALSE(decoded_fp8_plan(1, 16, kOneGroup, {34, 2}, 0));      // SM count unknown
   // Before sm_89 the e4m3 conversion is a software sequence: always decode once.
-  EXPECT_TRUE(decoded_fp8_plan(64, 16, {4, 17}, 132, 86));
-  EXPECT_TRUE(decoded_fp8_plan(64, 16, {4, 17}, 0, 80));
-  for (int sm : {89, 90, 120, 121, 0}) EXPECT_FALSE(decoded_fp8_plan(64, 16, {4, 17}, 132, sm)) << sm;
+  EXPECT_TRUE(decoded_fp8_plan(64, 16, kOneGroup, {4, 17}, 132, 86));
+  EXPECT_TRUE(decoded_fp8_plan(64, 16, kOneGroup, {4, 17}, 0, 80));
+  for (int sm : {89, 90, 120, 121, 0}) EXPECT_FALSE(decoded_fp8_plan(64, 16, kOneGroup, {4, 17}, 132, sm)) << sm;
   // The launch plan sets it for fp8 caches only.
   auto e4m3 = [](int64_t T, int64_t H) {
     SparseMlaFwdArgs a = good_args(T, H);
@@ -380,6 +397,62 @@ TEST(SplitPlan, DecodedFp8KernelForGridsOfOneWave) {
   EXPECT_TRUE(plan_sparse_mla_fwd(ds_mla, true, 132).params.decoded_fp8);
 }
 
+TEST(HeadGroups, SixteenHeadBlocksWhereAnSmHoldsTwo) {
+  const int64_t ws = workspace_size(132);
+  for (int H : {17, 32, 64, 128})
+    for (int T : {1, 4, 64, 1024, 4096}) EXPECT_EQ(plan_head_groups(T, H, 2048, 132, ws, 2, 1), 1) << H << " " << T;
+  // Up to 16 heads one group, whatever the occupancies.
+  for (int H : {1, 8, 16}) EXPECT_EQ(plan_head_groups(1024, H, 2048, 132, ws, 1, 1), 1) << H;
+}
+
+TEST(HeadGroups, WithOneSixteenHeadBlockPerSmOnlyDecodeSplitsTakeThem) {
+  const int64_t ws = workspace_size(132);
+  // The 32-head plans (132 SMs, one block each): T = 1 34 splits of 2 tiles (32 heads) and 32 of 2
+  // (128 heads); T = 2, 128 heads: 16 of 4; T = 4, 128 heads: 8 of 8 (not fewer than
+  // kCoResidentMinTiles); T = 64, 32 heads: 2 of 34; T = 1024 unsplit.
+  EXPECT_EQ(plan_splits(4, 128, kTwoGroups, 2048, 132, ws).tiles_per_split, kCoResidentMinTiles);
+  for (const auto& [T, H, groups] : {std::tuple{1, 32, 1}, std::tuple{1, 128, 1}, std::tuple{2, 128, 1},
+                                     std::tuple{4, 128, 2}, std::tuple{64, 32, 2}, std::tuple{1024, 64, 2}})
+    EXPECT_EQ(plan_head_groups(T, H, 2048, 132, ws, 1, 1), groups) << T << " " << H;
+  // Without a workspace nothing splits: 32-head blocks.
+  EXPECT_EQ(plan_head_groups(1, 64, 2048, 132, 0, 1, 1), kTwoGroups);
+}
+
+// The H200's occupancies: two 16-head blocks of every configuration per SM, one 32-head block.
+int h200_like_blocks_per_sm(DType, KvFormat, int, int head_groups, FwdVariant variant) {
+  return variant != FwdVariant::kMain ? 0 : head_groups == 1 ? 2 : 1;
+}
+
+TEST(HeadGroups, LaunchPlanCarriesTheHeadGroups) {
+  const int64_t ws = workspace_size(132);  // good_args' workspace
+  for (int64_t T : {1, 64, 1024}) {
+    const SparseMlaFwdParams p = plan_sparse_mla_fwd(good_args(T, 64), true, 132, &h200_like_blocks_per_sm).params;
+    const SplitPlan want = plan_splits(static_cast<int>(T), 64, kOneGroup, 2048, 132, ws, 2);
+    EXPECT_EQ(p.head_groups, kOneGroup) << T;
+    EXPECT_EQ(p.num_splits, want.num_splits) << T;
+    EXPECT_EQ(p.tiles_per_split, want.tiles_per_split) << T;
+  }
+  // sm_120's: one 16-head 16-bit block per SM, two fp8_e4m3 ones.
+  EXPECT_EQ(plan_sparse_mla_fwd(good_args(1024, 32), true, 132, &sm120_like_blocks_per_sm).params.head_groups,
+            kTwoGroups);
+  EXPECT_EQ(plan_sparse_mla_fwd(good_args(1, 32), true, 132, &sm120_like_blocks_per_sm).params.head_groups, kOneGroup);
+  SparseMlaFwdArgs fp8 = good_args(1024, 32);
+  fp8.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 576}, 1);
+  fp8.kv_cache_dtype = "fp8_e4m3";
+  EXPECT_EQ(plan_sparse_mla_fwd(fp8, true, 132, &sm120_like_blocks_per_sm).params.head_groups, kOneGroup);
+  // block_heads forces either.
+  SparseMlaFwdArgs forced = good_args(1024, 64);
+  forced.block_heads = 32;
+  const SparseMlaFwdParams p32 = plan_sparse_mla_fwd(forced, true, 132, &h200_like_blocks_per_sm).params;
+  EXPECT_EQ(p32.head_groups, kTwoGroups);
+  EXPECT_EQ(p32.num_splits, plan_splits(1024, 64, kTwoGroups, 2048, 132, ws, 1).num_splits);
+  forced.block_heads = 16;
+  EXPECT_EQ(plan_sparse_mla_fwd(forced, true, 132, &sm120_like_blocks_per_sm).params.head_groups, kOneGroup);
+  // Up to 16 heads: one group.
+  EXPECT_EQ(plan_sparse_mla_fwd(good_args(1024, 16), true, 132, &sm120_like_blocks_per_sm).params.head_groups,
+            kOneGroup);
+}
+
 TEST(SplitPlan, WorkspaceCoversEveryPlan) {
   for (int sms : {20, 48, 84, 132, 188}) {
     const int64_t ws = workspace_size(sms);
@@ -389,10 +462,13 @@ TEST(SplitPlan, WorkspaceCoversEveryPlan) {
           // (two-stage, one-stage) blocks per SM: one-stage plans at 2 and 3 (sm_120, sm_80).
           for (const auto& [two, one] : {std::pair{1, 0}, std::pair{2, 0}, std::pair{4, 0}, std::pair{1, 2},
                                          std::pair{1, 3}}) {
-            const SplitPlan p = plan_fwd_splits(T, H, topk, sms, int64_t{1} << 40, two, one);
-            const int64_t need = int64_t{p.num_splits} * T * H * (512 + 1) * 4;
-            EXPECT_LE(p.num_splits == 1 ? 0 : need, ws) << "sms " << sms << " T " << T << " H " << H << " topk " << topk;
-            EXPECT_LE(p.num_splits, kMaxSplits);
+            for (int groups = kOneGroup; groups <= head_groups_for(H); ++groups) {
+              const SplitPlan p = plan_fwd_splits(T, H, groups, topk, sms, int64_t{1} << 40, two, one);
+              const int64_t need = int64_t{p.num_splits} * T * H * (512 + 1) * 4;
+              EXPECT_LE(p.num_splits == 1 ? 0 : need, ws)
+                  << "sms " << sms << " T " << T << " H " << H << " groups " << groups << " topk " << topk;
+              EXPECT_LE(p.num_splits, kMaxSplits);
+            }
           }
         }
       }
