@@ -120,10 +120,12 @@ def _fwd_kernel_configs(prof) -> set[tuple[int, int, str]]:
 
 def _planned_block_heads(kv_cache_dtype: str, head_size: int, num_heads: int, split_short: bool) -> int:
     """The heads per block api.h plan_head_groups gives: 16 up to 16 heads, where an SM holds two
-    16-head blocks (the fwd_blocks_per_sm op) or where the 32-head plan splits into blocks of
-    fewer than 8 tiles (`split_short`, from the caller's shape); else 32."""
+    16-head blocks (the fwd_blocks_per_sm op) but for the fp16 cache, or where the 32-head plan
+    splits into blocks of fewer than 8 tiles (`split_short`, from the caller's shape); else 32."""
     if num_heads <= 16 or split_short:
         return 16
+    if kv_cache_dtype == "fp16":
+        return 32
     return 16 if ops.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, 16) >= 2 else 32
 
 
@@ -133,9 +135,9 @@ def _planned_block_heads(kv_cache_dtype: str, head_size: int, num_heads: int, sp
 @pytest.mark.parametrize("head_size", [512, 576])
 def test_head_blocks_as_planned_or_forced(head_size, kv_cache_dtype, num_tokens, block_heads):
     """64 heads run the block size plan_head_groups picks (api.h; 16-head blocks on a GPU that
-    holds two of them per SM, as the H200 does, and for T = 1, whose 32-head plan splits topk
-    2048 into blocks of two tiles), or the one block_heads forces; the profiler must see it, with
-    right values."""
+    holds two of them per SM, as the H200 does, but for the fp16 cache, and for T = 1, whose
+    32-head plan splits topk 2048 into blocks of two tiles), or the one block_heads forces; the
+    profiler must see it, with right values."""
     from torch.profiler import ProfilerActivity, profile
 
     case = Case(head_size=head_size, num_heads=64, topk=2048, num_tokens=num_tokens, kv_cache_dtype=kv_cache_dtype,

@@ -279,9 +279,9 @@ SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int head_groups, int to
   return plan_at(blocks_per_sm);
 }
 
-int plan_head_groups(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
+int plan_head_groups(int num_tokens, int num_heads, KvFormat format, int topk, int num_sms, int64_t workspace_bytes,
                      int sixteen_head_blocks_per_sm, int thirty_two_head_blocks_per_sm) {
-  if (num_heads <= 16 || sixteen_head_blocks_per_sm >= 2) return 1;
+  if (num_heads <= 16 || (sixteen_head_blocks_per_sm >= 2 && format != KvFormat::kFloat16)) return 1;
   const SplitPlan wide = plan_splits(num_tokens, num_heads, kMaxHeadGroups, topk, num_sms, workspace_bytes,
                                      thirty_two_head_blocks_per_sm);
   return wide.num_splits > 1 && wide.tiles_per_split < kCoResidentMinTiles ? 1 : kMaxHeadGroups;
@@ -433,7 +433,7 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   };
   const int head_groups = a.block_heads != 0
                               ? static_cast<int>(a.block_heads / 16)
-                              : plan_head_groups(p.num_tokens, p.num_heads, p.topk, num_sms, workspace_bytes,
+                              : plan_head_groups(p.num_tokens, p.num_heads, format, p.topk, num_sms, workspace_bytes,
                                                  occupancy(1, FwdVariant::kMain),
                                                  occupancy(kMaxHeadGroups, FwdVariant::kMain));
   const int decoded_fp8_blocks = occupancy(head_groups, FwdVariant::kDecodedFp8);

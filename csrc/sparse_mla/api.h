@@ -99,17 +99,19 @@ constexpr double kCoResidentTileTime = 0.7;
 constexpr int kCoResidentMinTiles = 8;
 
 // Heads per block, in groups of 16 (kernel_traits.h kHeadGroups), for a launch of num_tokens x
-// num_heads: 1 up to 16 heads. Above that, 16-head blocks where an SM holds two or more of the
-// 16-head main kernel (sixteen_head_blocks_per_sm: as many warps per SM as one 32-head block, in
-// two blocks that wait on no common barrier), or where the 32-head plan splits the top-k axis
-// into blocks of fewer than kCoResidentMinTiles tiles (decode: a block's time is its chain of
-// dependent tiles, half as long with 16 heads); else 32-head blocks, which gather each row once
-// for 32 heads (thirty_two_head_blocks_per_sm plans them). On the H200, which holds two 16-head
-// blocks of every configuration, 16-head blocks ran 0.995-1.28x the 32-head ones at 32-128 heads
-// (T = 1 1.07-1.28x, fp8 1.01-1.21x at T >= 64); with sm_120's occupancy (one 16-head 16-bit or
-// fp8_ds_mla D576 block per SM) 0.79-0.99x at T >= 64 for those, 1.06-1.28x at T = 1-8 where
-// this rule picks them (v18 in bench/NOTES.md).
-int plan_head_groups(int num_tokens, int num_heads, int topk, int num_sms, int64_t workspace_bytes,
+// num_heads from a cache of `format`: 1 up to 16 heads. Above that, 16-head blocks where an SM
+// holds two or more of the 16-head main kernel (sixteen_head_blocks_per_sm: as many warps per SM
+// as one 32-head block, in two blocks that wait on no common barrier), but for the fp16 cache;
+// or where the 32-head plan splits the top-k axis into blocks of fewer than kCoResidentMinTiles
+// tiles (decode: a block's time is its chain of dependent tiles, half as long with 16 heads);
+// else 32-head blocks, which gather each row once for 32 heads (thirty_two_head_blocks_per_sm
+// plans them). On the H200, which holds two 16-head blocks of every configuration, 16-head blocks
+// ran 0.99-1.28x the 32-head ones at 32-128 heads (T = 1 1.07-1.28x, fp8 1.01-1.22x at T >= 64),
+// but the fp16 cache's 0.87-0.96x at T >= 16 (its 32-head kernel, with one fp16 P part and no
+// conversion, is the fastest one); with sm_120's occupancy (one 16-head 16-bit or fp8_ds_mla D576
+// block per SM) 0.79-0.99x at T >= 64 for those, 1.06-1.28x at T = 1-8 where this rule picks them
+// (v18 in bench/NOTES.md).
+int plan_head_groups(int num_tokens, int num_heads, KvFormat format, int topk, int num_sms, int64_t workspace_bytes,
                      int sixteen_head_blocks_per_sm, int thirty_two_head_blocks_per_sm);
 
 // Layout of the combine pass of a split launch (params.h combine_split_groups):

@@ -400,9 +400,15 @@ TEST(SplitPlan, DecodedFp8KernelForGridsOfOneWave) {
 TEST(HeadGroups, SixteenHeadBlocksWhereAnSmHoldsTwo) {
   const int64_t ws = workspace_size(132);
   for (int H : {17, 32, 64, 128})
-    for (int T : {1, 4, 64, 1024, 4096}) EXPECT_EQ(plan_head_groups(T, H, 2048, 132, ws, 2, 1), 1) << H << " " << T;
+    for (int T : {1, 4, 64, 1024, 4096})
+      EXPECT_EQ(plan_head_groups(T, H, KvFormat::kBFloat16, 2048, 132, ws, 2, 1), 1) << H << " " << T;
   // Up to 16 heads one group, whatever the occupancies.
-  for (int H : {1, 8, 16}) EXPECT_EQ(plan_head_groups(1024, H, 2048, 132, ws, 1, 1), 1) << H;
+  for (int H : {1, 8, 16}) EXPECT_EQ(plan_head_groups(1024, H, KvFormat::kBFloat16, 2048, 132, ws, 1, 1), 1) << H;
+  // The fp16 cache: 16-head blocks at decode only (T = 1: 34 splits of 2 tiles; T = 64: 2 of 34).
+  for (const auto& [T, groups] : {std::pair{1, 1}, std::pair{64, 2}, std::pair{1024, 2}})
+    EXPECT_EQ(plan_head_groups(T, 32, KvFormat::kFloat16, 2048, 132, ws, 2, 1), groups) << T;
+  for (KvFormat f : {KvFormat::kFp8E4m3, KvFormat::kFp8DsMla})
+    EXPECT_EQ(plan_head_groups(1024, 32, f, 2048, 132, ws, 2, 1), 1);
 }
 
 TEST(HeadGroups, WithOneSixteenHeadBlockPerSmOnlyDecodeSplitsTakeThem) {
@@ -413,9 +419,9 @@ TEST(HeadGroups, WithOneSixteenHeadBlockPerSmOnlyDecodeSplitsTakeThem) {
   EXPECT_EQ(plan_splits(4, 128, kTwoGroups, 2048, 132, ws).tiles_per_split, kCoResidentMinTiles);
   for (const auto& [T, H, groups] : {std::tuple{1, 32, 1}, std::tuple{1, 128, 1}, std::tuple{2, 128, 1},
                                      std::tuple{4, 128, 2}, std::tuple{64, 32, 2}, std::tuple{1024, 64, 2}})
-    EXPECT_EQ(plan_head_groups(T, H, 2048, 132, ws, 1, 1), groups) << T << " " << H;
+    EXPECT_EQ(plan_head_groups(T, H, KvFormat::kBFloat16, 2048, 132, ws, 1, 1), groups) << T << " " << H;
   // Without a workspace nothing splits: 32-head blocks.
-  EXPECT_EQ(plan_head_groups(1, 64, 2048, 132, 0, 1, 1), kTwoGroups);
+  EXPECT_EQ(plan_head_groups(1, 64, KvFormat::kBFloat16, 2048, 132, 0, 1, 1), kTwoGroups);
 }
 
 // The H200's occupancies: two 16-head blocks of every configuration per SM, one 32-head block.
@@ -440,6 +446,9 @@ TEST(HeadGroups, LaunchPlanCarriesTheHeadGroups) {
   fp8.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 576}, 1);
   fp8.kv_cache_dtype = "fp8_e4m3";
   EXPECT_EQ(plan_sparse_mla_fwd(fp8, true, 132, &sm120_like_blocks_per_sm).params.head_groups, kOneGroup);
+  SparseMlaFwdArgs fp16 = good_args(1024, 64);
+  fp16.kv_cache = tensor(ScalarType::kFloat16, {256, 64, 576}, 2);
+  EXPECT_EQ(plan_sparse_mla_fwd(fp16, true, 132, &h200_like_blocks_per_sm).params.head_groups, kTwoGroups);
   // block_heads forces either.
   SparseMlaFwdArgs forced = good_args(1024, 64);
   forced.block_heads = 32;
