@@ -34,7 +34,7 @@ def test_matrix_subset(case):
 
 
 # Launches of more than 16 heads run in the planned blocks and in forced 32-head ones (None, 32):
-# a GPU that holds two 16-head blocks per SM, like the H200, never plans 32-head blocks.
+# a GPU that holds two 16-head blocks per SM, like the H200, plans no 32-head blocks for these caches.
 @pytest.mark.parametrize("block_heads", [None, 32])
 @pytest.mark.parametrize("masking", ["random", "causal", "all_masked", "invalid", "topk_len"])
 @pytest.mark.parametrize("num_tokens", [1, 64])
@@ -112,10 +112,9 @@ def _fwd_kernel_configs(prof) -> set[tuple[int, int, str]]:
     """(head_size, head groups, kFp8RawTiles) of every forward kernel a profile saw, from the
     names of its traits' template arguments (kernel_traits.h SparseMlaFwdTraits)."""
     names = [e.name for e in prof.events() if "sparse_mla_fwd_kernel" in e.name]
-    configs = {m.groups() for n in names
-               for m in [re.search(r"SparseMlaFwdTraits<.*?, (512|576), ([12]), \d+, (true|false)>", n)] if m}
-    assert names and len(configs) >= 1, names
-    return {(int(d), int(g), raw) for d, g, raw in configs}
+    found = [re.search(r"SparseMlaFwdTraits<.*?, (512|576), ([12]), \d+, (true|false)>", n) for n in names]
+    assert names and all(found), names
+    return {(int(m[1]), int(m[2]), m[3]) for m in found}
 
 
 def _planned_block_heads(kv_cache_dtype: str, head_size: int, num_heads: int, split_short: bool) -> int:

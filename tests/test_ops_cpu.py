@@ -163,7 +163,8 @@ BAD_INPUTS = [
     ("workspace", lambda a: a.update(workspace=a["indices"].view(-1).view(torch.uint8)), "workspace must not overlap indices"),
     ("kv_cache", lambda a: a.update(kv_cache=torch.zeros(2, 2, 2, 2, 576, dtype=torch.bfloat16)), "kv_cache must have at most 4 dims"),
     ("q", lambda a: a.update(q=a["q"].double()), "got Double"),
-    ("block_heads", lambda a: a.update(block_heads=24), "block_heads must be 0 (planned), 16 or 32, got 24"),
+    ("block_heads", lambda a: a.update(block_heads=24), "block_heads must be 16, 32 or None, got 24"),
+    ("block_heads", lambda a: a.update(block_heads=0), "block_heads must be 16, 32 or None, got 0"),
     ("block_heads", lambda a: a.update(block_heads=32), "block_heads 32 needs num_heads > 16"),
     ("block_heads", lambda a: a.update(block_heads=True), "block_heads must be 16, 32 or None"),
 ]

@@ -5,14 +5,16 @@ big for them):
     compute-sanitizer --tool racecheck python tools/sanitizer_launches.py
     compute-sanitizer --tool synccheck python tools/sanitizer_launches.py
 
-Every cache format x D (512, 576) x 8 and 32 heads (one and two head groups): one token with the
-top-k axis split across blocks and random masked slots, and three tokens in one block each with
-random topk_len (for fp8 caches these one-wave grids run the kernel that decodes each tile once);
-and, with 16-bit caches at 8 heads and fp8 caches at 8 and 32, a grid of two blocks per SM with
-random topk_len, which runs the fp8 kernels of raw tiles (not fp8_e4m3's 32 heads at D = 512,
-which always decode each tile once, nor GPUs before sm_89, nor 16-head fp8_ds_mla at D = 576
-where an SM holds one block of it) and the 16-bit one-stage kernels where an SM holds one two-stage block (sm_120,
-or any GPU with SPARSE_MLA_SM120_OCCUPANCY=1 set, as README says). The split one-stage launches
+Every cache format x D (512, 576) x 8 and 32 heads, the 32 in the blocks the planner picks
+(16-head ones on the H200: api.h plan_head_groups) and in 32-head blocks (two head groups,
+block_heads=32): one token with the top-k axis split across blocks and random masked slots, and
+three tokens in one block each with random topk_len (for fp8 caches these one-wave grids run the
+kernel that decodes each tile once); and, with 16-bit caches at 8 heads and fp8 caches at 8 and
+at 32 in 32-head blocks, a grid of two blocks per SM with random topk_len, which runs the fp8
+kernels of raw tiles (not fp8_e4m3's 32-head blocks at D = 512, which always decode each tile
+once, nor GPUs before sm_89, nor 16-head fp8_ds_mla at D = 576 where an SM holds one block of
+it) and the 16-bit one-stage kernels where an SM holds one two-stage block (sm_120, or any GPU
+with SPARSE_MLA_SM120_OCCUPANCY=1 set, as README says). The split one-stage launches
 the planner makes there (more blocks than SMs, >= 16 tiles each: thousands of tiles) are left to
 memcheck; their shared memory is used as in the unsplit one-stage launch, and only the global
 destination of the epilogue differs, which the split two-stage launches here cover.
@@ -29,17 +31,20 @@ from vllm_sparse_mla_blackwell import cases, verify
 def main() -> int:
     device = torch.device("cuda")
     two_blocks_per_sm = 2 * torch.cuda.get_device_properties(device).multi_processor_count + 8
-    shapes = [(num_heads, num_tokens, topk, masking) for num_heads in (8, 32)
+    # (num_heads, block_heads): None plans the block.
+    heads = ((8, None), (32, None), (32, 32))
+    shapes = [(num_heads, block_heads, num_tokens, topk, masking) for num_heads, block_heads in heads
               for num_tokens, topk, masking in ((1, 200, "random"), (3, 96, "topk_len"))]
-    many_blocks = {"bf16": (8,), "fp16": (8,), "fp8_e4m3": (8, 32), "fp8_ds_mla": (8, 32)}
+    many_blocks = {"bf16": ((8, None),), "fp16": ((8, None),), "fp8_e4m3": ((8, None), (32, 32)),
+                   "fp8_ds_mla": ((8, None), (32, 32))}
     failed = [
         case.label()
         for kv_cache_dtype in ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla")
         for head_size in (512, 576)
-        for num_heads, num_tokens, topk, masking in
-        shapes + [(h, two_blocks_per_sm, 96, "topk_len") for h in many_blocks[kv_cache_dtype]]
+        for num_heads, block_heads, num_tokens, topk, masking in
+        shapes + [(h, bh, two_blocks_per_sm, 96, "topk_len") for h, bh in many_blocks[kv_cache_dtype]]
         for case in [cases.Case(head_size=head_size, num_heads=num_heads, topk=topk, num_tokens=num_tokens,
-                                kv_cache_dtype=kv_cache_dtype, masking=masking)]
+                                kv_cache_dtype=kv_cache_dtype, masking=masking, block_heads=block_heads)]
         if not verify.run_case(case, device).passed
     ]
     print("sanitizer launches:", "all passed" if not failed else f"FAILED: {failed}")

@@ -106,11 +106,12 @@ constexpr int kCoResidentMinTiles = 8;
 // tiles (decode: a block's time is its chain of dependent tiles, half as long with 16 heads);
 // else 32-head blocks, which gather each row once for 32 heads (thirty_two_head_blocks_per_sm
 // plans them). On the H200, which holds two 16-head blocks of every configuration, 16-head blocks
-// ran 0.99-1.28x the 32-head ones at 32-128 heads (T = 1 1.07-1.28x, fp8 1.01-1.22x at T >= 64),
-// but the fp16 cache's 0.87-0.96x at T >= 16 (its 32-head kernel, with one fp16 P part and no
-// conversion, is the fastest one); with sm_120's occupancy (one 16-head 16-bit or fp8_ds_mla D576
-// block per SM) 0.79-0.99x at T >= 64 for those, 1.06-1.28x at T = 1-8 where this rule picks them
-// (v18 in bench/NOTES.md).
+// ran 0.99-1.28x the 32-head ones at 32-128 heads (T = 1 1.07-1.28x, fp8 1.01-1.21x at T >= 64),
+// but the fp16 cache's 0.89-0.97x at T >= 16 (GLM H32 T = 16: 1.03x; why is not known); with
+// sm_120's occupancy (one 16-head 16-bit or fp8_ds_mla D576 block per SM) 0.79-0.99x at T >= 64
+// for those, 1.06-1.28x where this rule picks them at decode (v18 in bench/NOTES.md). The counts
+// are the main kernels': the one-stage 16-bit variant's two 16-head blocks per sm_120 SM were part
+// of that 0.91-0.99x (the launches there took it where plan_fwd_splits picks it).
 int plan_head_groups(int num_tokens, int num_heads, KvFormat format, int topk, int num_sms, int64_t workspace_bytes,
                      int sixteen_head_blocks_per_sm, int thirty_two_head_blocks_per_sm);
 

@@ -121,9 +121,9 @@ def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, n
     at once, as the CUDA occupancy calculator gives it for the kernel configuration of q/out
     ``dtype`` (``torch.bfloat16`` or ``torch.float16``), ``kv_cache_dtype`` (``"bfloat16"``,
     ``"float16"``, ``"fp8_e4m3"`` or ``"fp8_ds_mla"``; not ``"auto"``), ``head_size`` (512 or
-    576) and ``num_heads`` heads per block (1-16: the 16-head kernel, 17-128: the 32-head one;
-    which a launch runs is planned from these counts, csrc/sparse_mla/api.h
-    ``plan_head_groups``). For the fp8 formats
+    576) and ``num_heads``, which picks the block size: 1-16 the 16-head kernel, 17-128 the
+    32-head one (which of the two a launch of more than 16 heads runs is planned from these
+    counts: csrc/sparse_mla/api.h ``plan_head_groups``). For the fp8 formats
     that kernel keeps its tiles raw in shared memory. With ``one_stage``, the count of the
     configuration's one-stage variant (16-head 16-bit caches only); with ``decoded_fp8``, that of
     its variant that decodes each tile once (fp8 caches, but not fp8_e4m3's 32-head blocks at
@@ -220,12 +220,13 @@ def sparse_mla_fwd(
 
     Raises:
         ValueError: any bad argument (dtype, rank, shape, device, alignment, unsupported H or
-            D, topk < 1), naming the argument, before any launch; nothing is written then.
+            D, topk < 1, block_heads not 16 or 32, or 32 with 16 or fewer heads), naming the
+            argument, before any launch; nothing is written then.
         RuntimeError: the op library is not built, or a CUDA error.
     """
     if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int)):
         raise ValueError(f"topk must be an int or None, got {topk!r}")
-    if block_heads is not None and (isinstance(block_heads, bool) or not isinstance(block_heads, int)):
+    if block_heads is not None and (isinstance(block_heads, bool) or block_heads not in (16, 32)):
         raise ValueError(f"block_heads must be 16, 32 or None, got {block_heads!r}")
     if q.dim() != 3 and (out is None or lse is None):
         raise ValueError(f"q must have 3 dims [num_tokens, num_heads, head_size], got shape {tuple(q.shape)}")

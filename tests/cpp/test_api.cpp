@@ -420,8 +420,9 @@ TEST(HeadGroups, WithOneSixteenHeadBlockPerSmOnlyDecodeSplitsTakeThem) {
   for (const auto& [T, H, groups] : {std::tuple{1, 32, 1}, std::tuple{1, 128, 1}, std::tuple{2, 128, 1},
                                      std::tuple{4, 128, 2}, std::tuple{64, 32, 2}, std::tuple{1024, 64, 2}})
     EXPECT_EQ(plan_head_groups(T, H, KvFormat::kBFloat16, 2048, 132, ws, 1, 1), groups) << T << " " << H;
-  // Without a workspace nothing splits: 32-head blocks.
+  // Without a workspace nothing splits: 32-head blocks; nor does an unsplit plan of short blocks.
   EXPECT_EQ(plan_head_groups(1, 64, KvFormat::kBFloat16, 2048, 132, 0, 1, 1), kTwoGroups);
+  EXPECT_EQ(plan_head_groups(1024, 32, KvFormat::kBFloat16, 64, 132, ws, 1, 1), kTwoGroups);
 }
 
 // The H200's occupancies: two 16-head blocks of every configuration per SM, one 32-head block.
@@ -460,6 +461,44 @@ TEST(HeadGroups, LaunchPlanCarriesTheHeadGroups) {
   // Up to 16 heads: one group.
   EXPECT_EQ(plan_sparse_mla_fwd(good_args(1024, 16), true, 132, &sm120_like_blocks_per_sm).params.head_groups,
             kOneGroup);
+}
+
+TEST(HeadGroups, SplitsAndVariantsFollowThePlannedBlocks) {
+  // 64 heads, T = 16, the H200's occupancies: four 16-head blocks per token split 4 x 16 tiles at
+  // two blocks per SM (two 32-head blocks at one would split 8 x 8).
+  const SparseMlaFwdParams t16 = plan_sparse_mla_fwd(good_args(16, 64), true, 132, &h200_like_blocks_per_sm).params;
+  EXPECT_EQ(t16.head_groups, kOneGroup);
+  EXPECT_EQ(t16.num_splits, 4);
+  EXPECT_EQ(t16.tiles_per_split, 16);
+  // The one-wave rule counts 16-head blocks: 40 tokens x 4 of two tiles (160) are more than 132
+  // SMs, so fp8 keeps raw tiles (40 x 2 blocks of 32 heads would be one wave).
+  SparseMlaFwdArgs fp8 = good_args(40, 64, 576, 64);
+  fp8.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 576}, 1);
+  fp8.kv_cache_dtype = "fp8_e4m3";
+  const SparseMlaFwdParams wave = plan_sparse_mla_fwd(fp8, true, 132, &h200_like_blocks_per_sm).params;
+  EXPECT_EQ(wave.head_groups, kOneGroup);
+  EXPECT_EQ(wave.num_splits, 1);
+  EXPECT_FALSE(wave.decoded_fp8);
+  // Forced 16-head blocks take the variants of the 16-head configuration (sm_120's occupancies).
+  SparseMlaFwdArgs bf16 = good_args(1024, 32);
+  bf16.block_heads = 16;
+  EXPECT_TRUE(plan_sparse_mla_fwd(bf16, true, 132, &sm120_like_blocks_per_sm).params.one_stage);
+  SparseMlaFwdArgs ds_mla = good_args(1024, 32);
+  ds_mla.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 656}, 1);
+  ds_mla.kv_cache_dtype = "fp8_ds_mla";
+  ds_mla.block_heads = 16;
+  EXPECT_TRUE(plan_sparse_mla_fwd(ds_mla, true, 132, &sm120_like_blocks_per_sm).params.decoded_fp8);
+}
+
+TEST(HeadGroups, BlockHeadsTakesSixteenOrThirtyTwo) {
+  SparseMlaFwdArgs a = good_args(4, 16);
+  a.block_heads = 16;
+  EXPECT_EQ(error_of(a), "");
+  for (int64_t v : {int64_t{-16}, int64_t{1}, int64_t{48}, int64_t{1} << 36}) {
+    a = good_args(4, 64);
+    a.block_heads = v;
+    EXPECT_NE(error_of(a).find("block_heads must be 0 (planned), 16 or 32"), std::string::npos) << v;
+  }
 }
 
 TEST(SplitPlan, WorkspaceCoversEveryPlan) {
