@@ -431,17 +431,18 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   const auto occupancy = [&](int head_groups, FwdVariant variant) {
     return ask ? blocks_per_sm(dtype, format, p.head_size, head_groups, variant) : variant == FwdVariant::kMain ? 1 : 0;
   };
+  // The main kernels' occupancies of 16- and 32-head blocks, asked once each.
+  const int main_blocks[kMaxHeadGroups] = {occupancy(1, FwdVariant::kMain),
+                                           occupancy(kMaxHeadGroups, FwdVariant::kMain)};
   const int head_groups = a.block_heads != 0
                               ? static_cast<int>(a.block_heads / 16)
                               : plan_head_groups(p.num_tokens, p.num_heads, format, p.topk, num_sms, workspace_bytes,
-                                                 occupancy(1, FwdVariant::kMain),
-                                                 occupancy(kMaxHeadGroups, FwdVariant::kMain));
+                                                 main_blocks[0], main_blocks[1]);
   const int decoded_fp8_blocks = occupancy(head_groups, FwdVariant::kDecodedFp8);
   // Before sm_89 every fp8 launch decodes once (decoded_fp8_plan): planned at that occupancy.
   const SplitPlan split = plan_fwd_splits(
       p.num_tokens, p.num_heads, head_groups, p.topk, num_sms, workspace_bytes,
-      software_fp8_convert(sm_version) && decoded_fp8_blocks > 0 ? decoded_fp8_blocks
-                                                                 : occupancy(head_groups, FwdVariant::kMain),
+      software_fp8_convert(sm_version) && decoded_fp8_blocks > 0 ? decoded_fp8_blocks : main_blocks[head_groups - 1],
       occupancy(head_groups, FwdVariant::kOneStage), decoded_fp8_blocks);
   p.head_groups = head_groups;
   p.num_splits = split.num_splits;

@@ -23,7 +23,8 @@ auto with_fwd_traits(DType dtype, KvFormat format, int head_size, int head_group
 }
 
 bool instantiated(int head_size, int head_groups) {
-  return (head_size == kHeadSizeNoPE || head_size == kHeadSizeRoPE) && (head_groups == 1 || head_groups == 2);
+  const bool d_ok = head_size == kHeadSizeNoPE || head_size == kHeadSizeRoPE;
+  return d_ok && head_groups >= 1 && head_groups <= kMaxHeadGroups;
 }
 
 }  // namespace
