@@ -167,6 +167,7 @@ BAD_INPUTS = [
     ("block_heads", lambda a: a.update(block_heads=0), "block_heads must be 16, 32 or None, got 0"),
     ("block_heads", lambda a: a.update(block_heads=32), "block_heads 32 needs num_heads > 16"),
     ("block_heads", lambda a: a.update(block_heads=True), "block_heads must be 16, 32 or None"),
+    ("block_heads", lambda a: a.update(block_heads=16.0), "block_heads must be 16, 32 or None, got 16.0"),
 ]
 
 

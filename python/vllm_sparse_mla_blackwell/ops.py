@@ -226,7 +226,8 @@ def sparse_mla_fwd(
     """
     if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int)):
         raise ValueError(f"topk must be an int or None, got {topk!r}")
-    if block_heads is not None and (isinstance(block_heads, bool) or block_heads not in (16, 32)):
+    if block_heads is not None and (isinstance(block_heads, bool) or not isinstance(block_heads, int)
+                                    or block_heads not in (16, 32)):
         raise ValueError(f"block_heads must be 16, 32 or None, got {block_heads!r}")
     if q.dim() != 3 and (out is None or lse is None):
         raise ValueError(f"q must have 3 dims [num_tokens, num_heads, head_size], got shape {tuple(q.shape)}")
