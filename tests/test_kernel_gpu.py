@@ -100,12 +100,14 @@ def test_fp8_ds_mla_accuracy_at_small_topk(topk, masking, block_heads):
                            torch.device("cuda")))
 
 
+@pytest.mark.parametrize("topk", [2176, 4416])
 @pytest.mark.parametrize("num_heads", [8, 16])
-def test_decode_combine_of_more_than_64_splits(num_heads):
-    """T = 1, topk 4352 (136 tiles): on the H200 (132 SMs) the planner makes 68 splits, so the
-    decode combine (four thread groups, 64 splits a round, combine_kernel.cuh) takes a second
-    round of loads."""
-    _check(verify.run_case(Case(head_size=576, num_heads=num_heads, topk=4352, num_tokens=1), torch.device("cuda")))
+def test_decode_combine_of_more_than_64_splits(num_heads, topk):
+    """T = 1 with more splits than the decode combine's 64 a round (four thread groups of 16 loads,
+    combine_kernel.cuh): on the H200 (132 SMs) topk 2176 makes 68 one-tile splits, which its
+    17-load variant takes in one round (params.h kCombineDecodeMoreLoads); topk 4416 (138 tiles)
+    makes 69 splits of two tiles, which take a second round."""
+    _check(verify.run_case(Case(head_size=576, num_heads=num_heads, topk=topk, num_tokens=1), torch.device("cuda")))
 
 
 def _fwd_kernel_configs(prof) -> set[tuple[int, int, str]]:

@@ -73,8 +73,9 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& args, bool requir
 
 // Split of the top-k axis across blocks for a launch of num_tokens x num_heads in blocks of
 // 16 x head_groups heads (flash-decoding): the split count that minimises a simple cost model
-// (tiles per SM plus the combine pass, see api.cpp), with >= kMinTilesPerSplit tiles per split,
-// at most kMaxSplitBlocksPerSm blocks per SM, and never more workspace than `workspace_bytes`.
+// (tiles per SM plus the combine pass, see api.cpp), with >= kMinTilesPerSplit tiles per split
+// (one for few rows, below), at most kMaxSplitBlocksPerSm blocks per SM, and never more workspace
+// than `workspace_bytes`.
 // blocks_per_sm: the kernel's occupancy.
 struct SplitPlan {
   int num_splits;
@@ -84,8 +85,14 @@ struct SplitPlan {
 };
 SplitPlan plan_splits(int num_tokens, int num_heads, int head_groups, int topk, int num_sms,
                       int64_t workspace_bytes, int blocks_per_sm = 1);
-// Two: a block of one tile leaves its gather latency unhidden (T = 1 ran 10-30 % slower).
+// Two (a block of one tile has no second gather in flight behind its first), but one for launches
+// of at most kOneTileSplitMaxRows (token, head) rows whose top-k has no more tiles than one round
+// of the decode combine covers (kCombineDecodeSplitGroups x kCombineDecodeMoreLoads = 68; a
+// second round cost ~1.4 us at T = 1). On the H200 one-tile splits ran 1.04-1.13x at 8-16 rows
+// (T = 1 at 8 and 16 heads, T = 2 at 8; fp16 1.04x, the others 1.07-1.13x), but 0.95-1.005x at
+// 32 rows, whose partial results are twice as large (bench/NOTES.md v19).
 constexpr int kMinTilesPerSplit = 2;
+constexpr int kOneTileSplitMaxRows = 16;
 constexpr int kMaxSplits = 128;
 constexpr int kMaxSplitBlocksPerSm = 3;
 // Combine-pass cost in tile-times (one block's time for one KV tile; ~2 us on the H200): a fixed

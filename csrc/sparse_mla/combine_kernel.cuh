@@ -25,12 +25,12 @@ namespace sparse_mla {
 // combine_split_groups).
 constexpr int kFloat4PerRow = kHeadSizeV / 4;
 
-template <int kSplitGroups>
+template <int kSplitGroups, int kDecodeLoads = kCombineDecodeLoads>
 struct CombineConfig {
   static constexpr int kColumnSlices = kSplitGroups > 1 ? 4 : 1;  // blocks per (token, head) row
   static constexpr int kColumnThreads = kFloat4PerRow / kColumnSlices;
   static constexpr int kThreads = kColumnThreads * kSplitGroups;
-  static constexpr int kLoadsInFlight = kSplitGroups > 1 ? 16 : 8;  // splits per thread per round
+  static constexpr int kLoadsInFlight = kSplitGroups > 1 ? kDecodeLoads : 8;  // splits per thread per round
   // G = 1: at least 8 blocks per SM (64 registers), so that a T = 64, H = 16 launch (1024 rows)
   // is one wave on 128+ SMs. G = 4: the four blocks of a row per SM (128 registers; sm_120a
   // took 138 and three blocks without the bound), so that up to num_sms rows are one wave.
@@ -39,10 +39,11 @@ struct CombineConfig {
   static_assert(kFloat4PerRow % kColumnSlices == 0 && kThreads % 32 == 0);
 };
 
-template <typename Element, int kSplitGroups>
-__global__ void __launch_bounds__(CombineConfig<kSplitGroups>::kThreads, CombineConfig<kSplitGroups>::kMinBlocksPerSm)
+template <typename Element, int kSplitGroups, int kDecodeLoads = kCombineDecodeLoads>
+__global__ void __launch_bounds__(CombineConfig<kSplitGroups, kDecodeLoads>::kThreads,
+                                  CombineConfig<kSplitGroups, kDecodeLoads>::kMinBlocksPerSm)
     sparse_mla_combine_kernel(const SparseMlaFwdParams p) {
-  using Config = CombineConfig<kSplitGroups>;
+  using Config = CombineConfig<kSplitGroups, kDecodeLoads>;
   constexpr int kLoads = Config::kLoadsInFlight;
   __shared__ float4 s_acc[kSplitGroups > 1 ? kSplitGroups - 1 : 1][Config::kColumnThreads];
   const int64_t row = blockIdx.x;

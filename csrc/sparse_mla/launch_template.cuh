@@ -97,8 +97,10 @@ cudaError_t launch_fwd(const SparseMlaFwdParams& p, cudaStream_t stream) {
   config.attrs = pdl ? &attribute : nullptr;
   config.numAttrs = pdl ? 1 : 0;
   using QElement = typename Traits::QElement;
-  return wide ? cudaLaunchKernelEx(&config, sparse_mla_combine_kernel<QElement, kWide>, p)
-              : cudaLaunchKernelEx(&config, sparse_mla_combine_kernel<QElement, 1>, p);
+  if (!wide) return cudaLaunchKernelEx(&config, sparse_mla_combine_kernel<QElement, 1>, p);
+  return p.num_splits > kWide * kCombineDecodeLoads
+             ? cudaLaunchKernelEx(&config, sparse_mla_combine_kernel<QElement, kWide, kCombineDecodeMoreLoads>, p)
+             : cudaLaunchKernelEx(&config, sparse_mla_combine_kernel<QElement, kWide>, p);
 }
 
 template <typename Traits>

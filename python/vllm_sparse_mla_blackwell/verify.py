@@ -62,6 +62,13 @@ def case_groups(quick: bool, kv_dtypes: tuple[str, ...]) -> dict[str, list[Case]
         Case(head_size=d, num_heads=h, q_dtype=qd, kv_cache_dtype=qd, topk=2048, num_tokens=t, block_heads=32)
         for d in HEAD_SIZES for qd in ("bf16", "fp16") for h, t in ((32, 7), (64, 7), (128, 7), (32, 1), (32, 513))
     ]
+    g["decode splits"] = [  # T = 1 and 2 with few rows: one-tile splits where the planner makes
+        # them (api.h kMinTilesPerSplit; on the H200 64 and 68 splits, the decode combine's two
+        # variants, params.h kCombineDecodeMoreLoads), and a short topk_len that leaves splits empty
+        Case(head_size=d, num_heads=h, topk=k, num_tokens=t, kv_cache_dtype=kv, masking=m)
+        for d in HEAD_SIZES for kv in kv_dtypes
+        for h, t, k, m in ((16, 1, 2048, "random"), (8, 1, 2176, "topk_len"), (8, 2, 2048, "none"))
+    ]
     g["masking"] = [
         Case(head_size=d, num_heads=16, topk=512, num_tokens=64, masking=m) for d in HEAD_SIZES
         for m in ("none", "random", "causal", "all_masked", "invalid", "topk_len")

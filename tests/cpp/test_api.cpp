@@ -148,8 +148,8 @@ TEST(SparseMlaFwdChecks, CpuPathAcceptsCpuTensorsOnly) {
 
 TEST(SplitPlan, SplitsOnlyWhenTheGridIsSmall) {
   const int64_t ws = workspace_size(132);
-  // One decode token, 16 heads, topk 2048: 64 tiles -> split to fill the GPU.
-  SplitPlan p = plan_splits(1, 16, kOneGroup, 2048, 132, ws);
+  // One decode token, 32 heads in 16-head blocks, topk 2048: 64 tiles -> split to fill the GPU.
+  SplitPlan p = plan_splits(1, 32, kOneGroup, 2048, 132, ws);
   EXPECT_GT(p.num_splits, 1);
   EXPECT_GE(p.tiles_per_split, kMinTilesPerSplit);
   EXPECT_GE(p.num_splits * p.tiles_per_split, 64);
@@ -163,6 +163,25 @@ TEST(SplitPlan, SplitsOnlyWhenTheGridIsSmall) {
   EXPECT_EQ(plan_splits(0, 16, kOneGroup, 2048, 132, ws).num_splits, 1);
   // No workspace: no split.
   EXPECT_EQ(plan_splits(1, 16, kOneGroup, 2048, 132, 0).num_splits, 1);
+}
+
+TEST(SplitPlan, SplitsFewRowsIntoOneTileBlocksThatOneCombineRoundCovers) {
+  const int64_t ws = workspace_size(132);
+  auto expect_plan = [&](int num_tokens, int num_heads, int topk, int splits, int tiles) {
+    const SplitPlan p = plan_splits(num_tokens, num_heads, kOneGroup, topk, 132, ws);
+    EXPECT_EQ(p.num_splits, splits) << num_tokens << " x " << num_heads << ", topk " << topk;
+    EXPECT_EQ(p.tiles_per_split, tiles) << num_tokens << " x " << num_heads << ", topk " << topk;
+  };
+  // Up to kOneTileSplitMaxRows (token, head) rows: one tile per block.
+  expect_plan(1, 16, 2048, 64, 1);  // DeepSeek-V3.2 decode
+  expect_plan(1, 8, 2176, 68, 1);   // GLM-5.3-Flash: the most splits one combine round covers
+  expect_plan(2, 8, 2048, 64, 1);   // 128 blocks, still one per SM
+  // 32 rows: two tiles (the partial results would double).
+  expect_plan(1, 32, 2048, 32, 2);
+  expect_plan(2, 16, 2048, 32, 2);
+  // One tile more than a combine round covers: no one-tile blocks.
+  EXPECT_GE(plan_splits(1, 16, kOneGroup, 69 * 32, 132, ws).tiles_per_split, kMinTilesPerSplit);
+  EXPECT_EQ(kCombineDecodeSplitGroups * kCombineDecodeMoreLoads, 68);
 }
 
 TEST(SplitPlan, SplitsAnUnderfilledGridIntoOneWave) {
