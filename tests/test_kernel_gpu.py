@@ -104,10 +104,18 @@ def test_fp8_ds_mla_accuracy_at_small_topk(topk, masking, block_heads):
 @pytest.mark.parametrize("num_heads", [8, 16])
 def test_decode_combine_of_more_than_64_splits(num_heads, topk):
     """T = 1 with more splits than the decode combine's 64 a round (four thread groups of 16 loads,
-    combine_kernel.cuh): on the H200 (132 SMs) topk 2176 makes 68 one-tile splits, which its
-    17-load variant takes in one round (params.h kCombineDecodeMoreLoads); topk 4416 (138 tiles)
-    makes 69 splits of two tiles, which take a second round."""
-    _check(verify.run_case(Case(head_size=576, num_heads=num_heads, topk=topk, num_tokens=1), torch.device("cuda")))
+    combine_kernel.cuh): on a GPU of 69 SMs or more (the H200: 132) topk 2176 makes 68 one-tile
+    splits, which the 17-load variant takes in one round (params.h combine_decode_loads), and
+    topk 4416 (138 tiles) 69 splits of two tiles, which take two rounds of the 16-load kernel; the
+    profiler must see that variant (fewer SMs plan fewer splits: values only)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _check(verify.run_case(Case(head_size=576, num_heads=num_heads, topk=topk, num_tokens=1), torch.device("cuda")))
+    if torch.cuda.get_device_properties(0).multi_processor_count >= 69:
+        names = [e.name for e in prof.events() if "sparse_mla_combine_kernel" in e.name]
+        found = {m.groups() for m in (re.search(r"sparse_mla_combine_kernel<[^,]+, (\d+), (\d+)>", n) for n in names) if m}
+        assert found == {("4", "17" if topk == 2176 else "16")}, names
 
 
 def _fwd_kernel_configs(prof) -> set[tuple[int, int, str]]:
@@ -223,7 +231,8 @@ def test_sm120_occupancy_emulation(same_package_env):
     77,440 bytes, one; their one-stage variants, 49,408 and 45,312 bytes, two), and every kernel
     class still launches, asking for about 2.3x its shared memory on an sm_90 (at most 221 KB),
     and gives right values: bf16, fp16 and both fp8 caches, 16 and 32 heads, D 512 and 576,
-    unsplit (topk 32), split into blocks of two tiles (T 1, topk 300), blocks of many (T 64,
+    unsplit (topk 32), split into blocks of one or two tiles (T 1, topk 300: 16 heads one, 32
+    heads two, api.h kMinTilesPerSplit), blocks of many (T 64,
     topk 2048, where the stages are reused; 16-bit caches at 16 heads plan four splits of 16
     tiles for the one-stage kernel, api.h plan_fwd_splits), and 16-head grids of two blocks per
     SM with random topk_len and both q dtypes (one-stage too). The profiler must see the

@@ -9,8 +9,10 @@ Every cache format x D (512, 576) x 8 and 32 heads, the 32 in the blocks the pla
 (16-head ones on the H200: api.h plan_head_groups) and in 32-head blocks (two head groups,
 block_heads=32): one token with the top-k axis split across blocks and random masked slots, and
 three tokens in one block each with random topk_len (for fp8 caches these one-wave grids run the
-kernel that decodes each tile once), and one token of 8 heads split into one-tile blocks; and, with 16-bit caches at 8 heads and fp8 caches at 8 and
-at 32 in 32-head blocks, a grid of two blocks per SM with random topk_len, which runs the fp8
+kernel that decodes each tile once; one token of 8 heads splits into one-tile blocks), and one
+token of 8 heads at topk 2176 (68 one-tile blocks and the 17-load decode combine); and, with
+16-bit caches at 8 heads and fp8 caches at 8 and at 32 in 32-head blocks, a grid of two blocks
+per SM with random topk_len, which runs the fp8
 kernels of raw tiles (not fp8_e4m3's 32-head blocks at D = 512, which always decode each tile
 once, nor GPUs before sm_89, nor 16-head fp8_ds_mla at D = 576 where an SM holds one block of
 it) and the 16-bit one-stage kernels where an SM holds one two-stage block (sm_120, or any GPU
@@ -36,7 +38,7 @@ def main() -> int:
     shapes = [(num_heads, block_heads, num_tokens, topk, masking) for num_heads, block_heads in heads
               for num_tokens, topk, masking in ((1, 200, "random"), (3, 96, "topk_len"))]
     # Decode of 8 heads, topk 2176: 68 one-tile splits on the H200 and the decode combine's
-    # 17-load variant (api.h kMinTilesPerSplit, params.h kCombineDecodeMoreLoads).
+    # 17-load variant (api.h kMinTilesPerSplit, params.h combine_decode_loads).
     shapes.append((8, None, 1, 2176, "topk_len"))
     many_blocks = {"bf16": ((8, None),), "fp16": ((8, None),), "fp8_e4m3": ((8, None), (32, 32)),
                    "fp8_ds_mla": ((8, None), (32, 32))}

@@ -98,7 +98,10 @@ cudaError_t launch_fwd(const SparseMlaFwdParams& p, cudaStream_t stream) {
   config.numAttrs = pdl ? 1 : 0;
   using QElement = typename Traits::QElement;
   if (!wide) return cudaLaunchKernelEx(&config, sparse_mla_combine_kernel<QElement, 1>, p);
-  return p.num_splits > kWide * kCombineDecodeLoads
+  // The grid and block above are CombineConfig<kWide>'s, which both load counts share.
+  static_assert(CombineConfig<kWide, kCombineDecodeMoreLoads>::kThreads == CombineConfig<kWide>::kThreads &&
+                CombineConfig<kWide, kCombineDecodeMoreLoads>::kColumnSlices == CombineConfig<kWide>::kColumnSlices);
+  return combine_decode_loads(p.num_splits) == kCombineDecodeMoreLoads
              ? cudaLaunchKernelEx(&config, sparse_mla_combine_kernel<QElement, kWide, kCombineDecodeMoreLoads>, p)
              : cudaLaunchKernelEx(&config, sparse_mla_combine_kernel<QElement, kWide>, p);
 }

@@ -59,12 +59,20 @@ struct SparseMlaFwdParams {
 
 constexpr int kCombineDecodeSplitGroups = 4;
 // Partial results each thread of a decode combine block loads per round: one round covers
-// kCombineDecodeSplitGroups x kCombineDecodeLoads splits; plans of more splits run a variant of
-// kCombineDecodeMoreLoads, whose one round covers GLM's 2176-row top-k in one-tile splits (68).
-// Each load in flight costs where it is not needed: with <= 64 splits, 17 loads ran 0.976-0.992x
-// at T = 1 to 4 and 20 loads 0.955-0.974x on the H200 (bench/NOTES.md v19).
+// kCombineDecodeSplitGroups x kCombineDecodeLoads splits; plans of up to kCombineDecodeOneRound
+// splits beyond that run a variant of kCombineDecodeMoreLoads, whose one round covers GLM's
+// 2176-row top-k in one-tile splits (68); more splits than that take rounds of the 16-load kernel.
+// Each load in flight costs where it is not needed: with <= 64 splits, 20 loads ran 0.954-0.976x
+// on the H200 wherever the decode combine runs, 17 loads down to 0.976x (bench/NOTES.md v19).
 constexpr int kCombineDecodeLoads = 16;
 constexpr int kCombineDecodeMoreLoads = 17;
+constexpr int kCombineDecodeOneRound = kCombineDecodeSplitGroups * kCombineDecodeMoreLoads;
+// Loads per thread of the decode combine for a plan of num_splits (the launch's choice).
+constexpr int combine_decode_loads(int num_splits) {
+  return num_splits > kCombineDecodeSplitGroups * kCombineDecodeLoads && num_splits <= kCombineDecodeOneRound
+             ? kCombineDecodeMoreLoads
+             : kCombineDecodeLoads;
+}
 
 // A kernel of one configuration: its main kernel, or one of the variants the planner may pick
 // (kernel_traits.h OneStage for 16-head 16-bit caches, DecodedFp8 for fp8 caches).

@@ -181,7 +181,11 @@ TEST(SplitPlan, SplitsFewRowsIntoOneTileBlocksThatOneCombineRoundCovers) {
   expect_plan(2, 16, 2048, 32, 2);
   // One tile more than a combine round covers: no one-tile blocks.
   EXPECT_GE(plan_splits(1, 16, kOneGroup, 69 * 32, 132, ws).tiles_per_split, kMinTilesPerSplit);
-  EXPECT_EQ(kCombineDecodeSplitGroups * kCombineDecodeMoreLoads, 68);
+  EXPECT_EQ(kCombineDecodeOneRound, 68);
+  // The decode combine: 17 loads per thread only where that makes one round of 16 loads' two.
+  for (const auto& [splits, loads] : {std::pair{2, 16}, std::pair{64, 16}, std::pair{65, 17}, std::pair{68, 17},
+                                      std::pair{69, 16}, std::pair{128, 16}})
+    EXPECT_EQ(combine_decode_loads(splits), loads) << splits;
 }
 
 TEST(SplitPlan, SplitsAnUnderfilledGridIntoOneWave) {
