@@ -225,20 +225,19 @@ def test_fwd_blocks_per_sm():
 
 def test_sm120_occupancy_emulation(same_package_env):
     """SPARSE_MLA_SM120_OCCUPANCY=1 (launch_template.cuh): the planner's occupancies become an
-    sm_120 SM's (16-head kernels: fp8_ds_mla at D = 576 of raw tiles, 52,608 bytes, one block,
-    its decode-once variant, 48,384 bytes, two; fp8_e4m3 at D = 512, 44,672 bytes, two, and its
-    decode-once variant two; bf16 at D = 576 and fp16 at D = 512 with two stages, 86,912 and
-    77,440 bytes, one; their one-stage variants, 49,408 and 45,312 bytes, two), and every kernel
-    class still launches, asking for about 2.3x its shared memory on an sm_90 (at most 221 KB),
-    and gives right values: bf16, fp16 and both fp8 caches, 16 and 32 heads, D 512 and 576,
-    unsplit (topk 32), split into blocks of one or two tiles (T 1, topk 300: 16 heads one, 32
-    heads two, api.h kMinTilesPerSplit), blocks of many (T 64,
-    topk 2048, where the stages are reused; 16-bit caches at 16 heads plan four splits of 16
-    tiles for the one-stage kernel, api.h plan_fwd_splits), and 16-head grids of two blocks per
-    SM with random topk_len and both q dtypes (one-stage too). The profiler must see the
-    one-stage kernel run in a split launch (T 64) and an unsplit one. A fresh process, since the
-    setting is read once. And the 16-head fp8_ds_mla D576 grid of two blocks per SM must run
-    the decode-once kernel (two per SM) there, not the kernel of raw tiles (one)."""
+    sm_120 SM's (16-head kernels: fp8_ds_mla at D = 576 of raw tiles, 52,608 bytes, one block, its
+    decode-once variant, 48,384 bytes, two; fp8_e4m3 at D = 512, 44,672 bytes, two, and its
+    decode-once variant two; bf16 at D = 576 and fp16 at D = 512 with two stages, 86,912 and 77,440
+    bytes, one; their one-stage variants, 49,408 and 45,312 bytes, two), and every kernel class
+    still launches, asking for about 2.3x its shared memory on an sm_90 (at most 221 KB), and gives
+    right values: bf16, fp16 and both fp8 caches, 16 and 32 heads, D 512 and 576, unsplit (topk 32),
+    split into blocks of one or two tiles (T 1, topk 300: 16 heads one, 32 heads two, api.h
+    kMinTilesPerSplit), blocks of many (T 64, topk 2048, where the stages are reused; 16-bit caches
+    at 16 heads plan four splits of 16 tiles for the one-stage kernel, api.h plan_fwd_splits), and
+    16-head grids of two blocks per SM with random topk_len and both q dtypes (one-stage too). The
+    profiler must see the one-stage kernel run in a split launch (T 64) and an unsplit one. A fresh
+    process, since the setting is read once. And the 16-head fp8_ds_mla D576 grid of two blocks per
+    SM must run the decode-once kernel (two per SM) there, not the kernel of raw tiles (one)."""
     probes = [(torch.float16, "fp8_ds_mla", 576, 16), (torch.float16, "fp8_e4m3", 512, 16),
               (torch.bfloat16, "bfloat16", 576, 16), (torch.float16, "float16", 512, 16)]
     normal = [ops.fwd_blocks_per_sm(*args) for args in probes]

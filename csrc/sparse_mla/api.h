@@ -87,10 +87,10 @@ SplitPlan plan_splits(int num_tokens, int num_heads, int head_groups, int topk, 
                       int64_t workspace_bytes, int blocks_per_sm = 1);
 // Two (a block of one tile has no second gather in flight behind its first), but one for launches
 // of at most kOneTileSplitMaxRows (token, head) rows whose top-k has no more tiles than one round
-// of the decode combine covers (params.h kCombineDecodeOneRound = 68; a
-// second round cost 1.4-1.6 us at T = 1). On the H200 one-tile splits ran 1.04-1.13x at 8-16 rows
-// (T = 1 at 8 and 16 heads, T = 2 at 8; fp16 1.04-1.05x, the others 1.07-1.13x), but 0.95-1.005x at
-// 32 rows, whose partial results are twice as large (bench/NOTES.md v19).
+// of the decode combine covers (params.h kCombineDecodeOneRound = 68; a second round cost
+// 1.4-1.6 us at T = 1). On the H200 one-tile splits ran 1.04-1.13x at 8-16 rows (T = 1 at 8 and
+// 16 heads, DeepSeek's T = 2 at 8; fp16 1.04-1.05x, the others 1.07-1.13x), but 0.95-1.005x at 32
+// rows, whose partial results are twice as large (bench/NOTES.md v19).
 constexpr int kMinTilesPerSplit = 2;
 constexpr int kOneTileSplitMaxRows = 16;
 constexpr int kMaxSplits = 128;
