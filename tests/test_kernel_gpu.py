@@ -118,6 +118,25 @@ def test_decode_combine_of_more_than_64_splits(num_heads, topk):
         assert found == {("4", "17" if topk == 2176 else "16")}, names
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["bf16", "fp8_ds_mla"])
+@pytest.mark.parametrize("num_tokens", [9, 12])
+def test_combine_of_more_splits_than_one_round_one_block_per_row(num_tokens, kv_cache_dtype):
+    """16 heads, topk 2048, 9 or 12 tokens: 144 or 192 (token, head) rows, more than the H200's
+    132 SMs, so the combine runs one block per row (eight loads per thread a round), and the
+    planner splits the top-k into 13 or 11 blocks (GoogleTest pins both plans at 132 SMs): the
+    rounds after the first read their lse values again (combine_kernel.cuh). The profiler must see
+    that combine variant wherever the rows outnumber the SMs; values on every GPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _check(verify.run_case(Case(head_size=576, num_heads=16, topk=2048, num_tokens=num_tokens,
+                                    kv_cache_dtype=kv_cache_dtype), torch.device("cuda")))
+    if 16 * num_tokens > torch.cuda.get_device_properties(0).multi_processor_count:
+        names = [e.name for e in prof.events() if "sparse_mla_combine_kernel" in e.name]
+        found = {m.groups() for m in (re.search(r"sparse_mla_combine_kernel<[^,]+, (\d+), (\d+)>", n) for n in names) if m}
+        assert found == {("1", "16")}, names
+
+
 def _fwd_kernel_configs(prof) -> set[tuple[int, int, str]]:
     """(head_size, head groups, kFp8RawTiles) of every forward kernel a profile saw, from the
     names of its traits' template arguments (kernel_traits.h SparseMlaFwdTraits)."""

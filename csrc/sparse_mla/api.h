@@ -93,7 +93,6 @@ SplitPlan plan_splits(int num_tokens, int num_heads, int head_groups, int topk, 
 // rows, whose partial results are twice as large (bench/NOTES.md v19).
 constexpr int kMinTilesPerSplit = 2;
 constexpr int kOneTileSplitMaxRows = 16;
-constexpr int kMaxSplits = 128;
 constexpr int kMaxSplitBlocksPerSm = 3;
 // Combine-pass cost in tile-times (one block's time for one KV tile; ~2 us on the H200): a fixed
 // part for its launch, and the write + read of the partial results (bytes per SM per tile-time).

@@ -14,8 +14,8 @@ namespace sparse_mla {
 
 // Thread (group g, column chunk c) sums float4 c of out over the splits g, g + G, ...
 // (G = kSplitGroups), and the G partial sums meet in shared memory. Every warp reduces the split
-// lse values itself (L1 serves the repeated reads), so the first round of partial loads is
-// issued before that reduction and nothing waits on a barrier until the end.
+// lse values itself, each lane holding its share in registers, so the first round of partial
+// loads is issued before that reduction and nothing waits on a barrier until the end.
 // G = 4 when the (token, head) rows leave SMs idle (decode), with each row's 128 float4 columns
 // spread over kColumnSlices blocks so that more SMs share its loads (one block per row was bound
 // by what one SM loads: T = 1 took the same ~3.7 us at 8 and 128 heads; four blocks, 1.07-1.10x
@@ -46,70 +46,91 @@ __global__ void __launch_bounds__(CombineConfig<kSplitGroups, kDecodeLoads>::kTh
   using Config = CombineConfig<kSplitGroups, kDecodeLoads>;
   constexpr int kLoads = Config::kLoadsInFlight;
   __shared__ float4 s_acc[kSplitGroups > 1 ? kSplitGroups - 1 : 1][Config::kColumnThreads];
-  const int64_t row = blockIdx.x;
-  const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.num_heads;
-  const int t = static_cast<int>(row / p.num_heads);
-  const int h = static_cast<int>(row % p.num_heads);
+  const int row = blockIdx.x;
+  const int t = row / p.num_heads;
+  const int h = row - t * p.num_heads;
+  const int num_splits = p.num_splits;
   const int tid = threadIdx.x;
   const int lane = tid % 32;
   const int slice_col = tid % Config::kColumnThreads;
   const int slice = Config::kColumnSlices > 1 ? static_cast<int>(blockIdx.y) : 0;
   const int col = slice * Config::kColumnThreads + slice_col;  // float4 column of the row
   const int group = tid / Config::kColumnThreads;
-  const float* lse_of = p.partial_lse + row;  // split s: lse_of[s * rows]
-  const float4* out_of = reinterpret_cast<const float4*>(p.partial_out + row * kHeadSizeV) + col;  // [s * rows * 128]
+  // The row's splits are adjacent (params.h), so each load below is one base and an immediate
+  // offset. A decode combine runs one warp per scheduler, where each instruction after the wait
+  // is latency: with a [split, T, H] layout (64-bit index arithmetic per split) and lse loops over
+  // the split count, ~1,000 SASS instructions stood between the wait and the row's lse, ~280
+  // now, and T = 1 ran 1.11-1.24x faster (bench/NOTES.md v20).
+  const float* lse_of = p.partial_lse + static_cast<int64_t>(row) * num_splits;  // [split]
+  const float4* out_of = reinterpret_cast<const float4*>(p.partial_out) +
+                         static_cast<int64_t>(row) * num_splits * kFloat4PerRow + col;  // [split][128]
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent (launch_template.cuh): wait for the forward kernel's
   // completion and the visibility of its partial results.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  // The narrow layout (64 registers) re-reads each split's lse from L1 (this warp's reduction
-  // below read it) instead of holding it while the partials are in flight: with it held, eight
-  // loads in flight spilled.
-  constexpr bool kHoldLse = kSplitGroups > 1;
   float4 v[kLoads];
-  float v_lse[kHoldLse ? kLoads : 1];
   auto load_round = [&](int first) {
 #pragma unroll
     for (int k = 0; k < kLoads; ++k) {
       const int s = first + k * kSplitGroups;
-      const bool in = s < p.num_splits;
-      v[k] = in ? out_of[s * rows * kFloat4PerRow] : make_float4(0.f, 0.f, 0.f, 0.f);
-      if constexpr (kHoldLse) v_lse[k] = in ? lse_of[s * rows] : -INFINITY;
+      v[k] = s < num_splits ? out_of[s * kFloat4PerRow] : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   };
   load_round(group);
 
-  float lse_max = -INFINITY;
-  for (int s = lane; s < p.num_splits; s += 32) lse_max = fmaxf(lse_max, lse_of[s * rows]);
+  // The row's lse = log sum_s exp(lse_s): lane l holds splits l, l + 32, ... in registers, loaded
+  // once, unrolled (no loop over the split count).
+  constexpr int kLsePerLane = (kMaxSplits + 31) / 32;
+  float lse_lane[kLsePerLane];
+#pragma unroll
+  for (int i = 0; i < kLsePerLane; ++i) {
+    const int s = lane + 32 * i;
+    lse_lane[i] = s < num_splits ? lse_of[s] : -INFINITY;
+  }
+  float lse_max = lse_lane[0];
+#pragma unroll
+  for (int i = 1; i < kLsePerLane; ++i) lse_max = fmaxf(lse_max, lse_lane[i]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) lse_max = fmaxf(lse_max, __shfl_xor_sync(~0u, lse_max, o));
   float sum = 0.f;
-  if (lse_max != -INFINITY)
-    for (int s = lane; s < p.num_splits; s += 32) sum += expf(lse_of[s * rows] - lse_max);
+  if (lse_max != -INFINITY) {
+#pragma unroll
+    for (int i = 0; i < kLsePerLane; ++i) sum += expf(lse_lane[i] - lse_max);
+  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(~0u, sum, o);
   const float lse = lse_max == -INFINITY ? -INFINITY : lse_max + logf(sum);
   if (tid == 0 && slice == 0) p.lse[static_cast<int64_t>(t) * p.lse_stride_t + static_cast<int64_t>(h) * p.lse_stride_h] = lse;
 
-  // An empty split's partial is finite (zeros) with lse -inf: weight 0.
+  // Split weights exp(lse_s - lse), computed where the lse values are: lane l's for its splits.
+  // An empty split's partial is finite (zeros) with lse -inf: weight 0; so are all of them when
+  // the row's lse is -inf (then taken as 0: no branch per split).
+  const float lse_w = lse == -INFINITY ? 0.f : lse;
+  float w_lane[kLsePerLane];
+#pragma unroll
+  for (int i = 0; i < kLsePerLane; ++i) w_lane[i] = expf(lse_lane[i] - lse_w);
+  // In the first round, this warp's split s = group + G k is held by lane s % 32 in slot s / 32 =
+  // G k / 32 (G divides 32 and group < G, kernel-constant); later rounds (more than G x kLoads
+  // splits) read their lse values again.
+  static_assert(32 % kSplitGroups == 0 && Config::kColumnThreads % 32 == 0, "a warp is in one group");
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int first = group;;) {
+  auto accumulate = [&](float w, const float4& x) {
+    acc.x += w * x.x;
+    acc.y += w * x.y;
+    acc.z += w * x.z;
+    acc.w += w * x.w;
+  };
+#pragma unroll
+  for (int k = 0; k < kLoads; ++k)
+    accumulate(__shfl_sync(~0u, w_lane[k * kSplitGroups / 32], group + k * kSplitGroups % 32), v[k]);
+  for (int first = group + kSplitGroups * kLoads; first < num_splits; first += kSplitGroups * kLoads) {
+    load_round(first);
 #pragma unroll
     for (int k = 0; k < kLoads; ++k) {
       const int s = first + k * kSplitGroups;
-      float lse_s = -INFINITY;
-      if constexpr (kHoldLse) lse_s = v_lse[k];
-      else if (s < p.num_splits) lse_s = lse_of[s * rows];
-      const float w = lse == -INFINITY ? 0.f : expf(lse_s - lse);
-      acc.x += w * v[k].x;
-      acc.y += w * v[k].y;
-      acc.z += w * v[k].z;
-      acc.w += w * v[k].w;
+      accumulate(s < num_splits ? expf(lse_of[s] - lse_w) : 0.f, v[k]);
     }
-    first += kSplitGroups * kLoads;
-    if (first >= p.num_splits) break;
-    load_round(first);
   }
   if constexpr (kSplitGroups > 1) {
     if (group > 0) s_acc[group - 1][slice_col] = acc;

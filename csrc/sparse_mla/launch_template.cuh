@@ -67,6 +67,7 @@ inline int fwd_launch_smem_bytes(int smem) {
 
 template <typename Traits>
 cudaError_t launch_fwd(const SparseMlaFwdParams& p, cudaStream_t stream) {
+  if (p.num_splits < 1 || p.num_splits > kMaxSplits) return cudaErrorInvalidValue;  // the combine's lse registers
   const int smem = fwd_launch_smem_bytes(Traits::kSmemBytes);
   auto kernel = sparse_mla_fwd_kernel<Traits, Traits::kSmemBytes>;
   // Above 48 KB dynamic shared memory must be opted into, per device; the call is cheap, legal

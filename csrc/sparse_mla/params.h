@@ -44,8 +44,9 @@ struct SparseMlaFwdParams {
   // directly; otherwise partial results go to the workspace and a combine kernel merges them.
   int num_splits;
   int tiles_per_split;     // KV tiles of kBlockN rows per split
-  float* partial_out;      // [num_splits, T, H, 512] fp32, normalised by the split's sum
-  float* partial_lse;      // [num_splits, T, H] fp32, natural log; -inf for an empty split
+  // A (token, head) row's splits are adjacent, so that the combine reads them at fixed offsets.
+  float* partial_out;      // [T, H, num_splits, 512] fp32, normalised by the split's sum
+  float* partial_lse;      // [T, H, num_splits] fp32, natural log; -inf for an empty split
   // Threads of a combine block that split the splits between them: kCombineDecodeSplitGroups
   // or 1 (plan_sparse_mla_fwd; combine_kernel.cuh). Read by the launch, not by the kernels.
   int combine_split_groups;
@@ -56,6 +57,10 @@ struct SparseMlaFwdParams {
   // with raw tiles (kernel_traits.h DecodedFp8; api.h decoded_fp8_plan). Read by the launch only.
   bool decoded_fp8;
 };
+
+// Splits of the top-k axis per launch, at most (api.h plan_splits; the combine kernel's lse
+// registers).
+constexpr int kMaxSplits = 128;
 
 constexpr int kCombineDecodeSplitGroups = 4;
 // Partial results each thread of a decode combine block loads per round: one round covers

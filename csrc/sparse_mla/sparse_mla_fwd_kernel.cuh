@@ -593,7 +593,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       if (p.num_splits == 1)
         p.lse[t * p.lse_stride_t + h * p.lse_stride_h] = lse;
       else
-        p.partial_lse[(static_cast<int64_t>(split) * p.num_tokens + t) * p.num_heads + h] = lse;
+        p.partial_lse[(static_cast<int64_t>(t) * p.num_heads + h) * p.num_splits + split] = lse;
     }
   }
   __syncthreads();
@@ -619,7 +619,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       for (int n = 0; n < Traits::kDvPerWarp / 8; ++n)
         *reinterpret_cast<uint32_t*>(out + col(n)) = pack2<QElement>(val(n, 0) * inv, val(n, 1) * inv);
     } else {
-      float* out = p.partial_out + ((static_cast<int64_t>(split) * p.num_tokens + t) * p.num_heads + h) * kHeadSizeV;
+      float* out = p.partial_out + ((static_cast<int64_t>(t) * p.num_heads + h) * p.num_splits + split) * kHeadSizeV;
 #pragma unroll
       for (int n = 0; n < Traits::kDvPerWarp / 8; ++n)
         *reinterpret_cast<float2*>(out + col(n)) = make_float2(val(n, 0) * inv, val(n, 1) * inv);

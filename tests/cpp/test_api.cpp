@@ -157,6 +157,14 @@ TEST(SplitPlan, SplitsOnlyWhenTheGridIsSmall) {
   // Enough blocks already: no split, no combine pass.
   EXPECT_EQ(plan_splits(4096, 64, kTwoGroups, 2048, 132, ws).num_splits, 1);
   EXPECT_EQ(plan_splits(132, 16, kOneGroup, 2048, 132, ws).num_splits, 1);
+  // More (token, head) rows than SMs, split past one round of the one-block-per-row combine
+  // (8 splits; test_kernel_gpu.py runs these two on the H200).
+  p = plan_splits(9, 16, kOneGroup, 2048, 132, ws);
+  EXPECT_EQ(p.num_splits, 13);
+  EXPECT_EQ(combine_split_groups(9, 16, p.num_splits, 132), 1);
+  p = plan_splits(12, 16, kOneGroup, 2048, 132, ws);
+  EXPECT_EQ(p.num_splits, 11);
+  EXPECT_EQ(combine_split_groups(12, 16, p.num_splits, 132), 1);
   // Short top-k: nothing to split.
   EXPECT_EQ(plan_splits(1, 16, kOneGroup, 32, 132, ws).num_splits, 1);
   // No tokens: nothing to plan (and no division by zero).
