@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(CombineConfig<kSplitGroups, kDecodeLoads>::kTh
   // The row's splits are adjacent (params.h), so each load below is one base and an immediate
   // offset. A decode combine runs one warp per scheduler, where each instruction after the wait
   // is latency: with a [split, T, H] layout (64-bit index arithmetic per split) and lse loops over
-  // the split count, ~1,000 SASS instructions stood between the wait and the row's lse, ~280
+  // the split count, ~1,020 SASS instructions stood between the wait and the row's lse, ~280
   // now, and T = 1 ran 1.11-1.24x faster (bench/NOTES.md v20).
   const float* lse_of = p.partial_lse + static_cast<int64_t>(row) * num_splits;  // [split]
   const float4* out_of = reinterpret_cast<const float4*>(p.partial_out) +
