@@ -114,6 +114,7 @@ __global__ void __launch_bounds__(CombineConfig<kSplitGroups, kDecodeLoads>::kTh
   // G k / 32 (G divides 32 and group < G, kernel-constant); later rounds (more than G x kLoads
   // splits) read their lse values again.
   static_assert(32 % kSplitGroups == 0 && Config::kColumnThreads % 32 == 0, "a warp is in one group");
+  static_assert(kSplitGroups * kLoads <= 32 * kLsePerLane, "the first round's weights are in registers");
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   auto accumulate = [&](float w, const float4& x) {
     acc.x += w * x.x;

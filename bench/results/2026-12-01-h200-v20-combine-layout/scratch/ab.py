@@ -36,6 +36,22 @@ if len(sys.argv) > 2 and sys.argv[2] == "sm120":
     shapes = [s for s in shapes if s[1] <= 16 and s[3] != "bf16" and s[3] != "fp16" and s[2] >= 16]
 if len(sys.argv) > 2 and sys.argv[2] == "h16":
     shapes = [s for s in shapes if s[1] <= 16 and s[3].startswith("fp8") and s[2] >= 64]
+if len(sys.argv) > 2 and sys.argv[2] == "decode":
+    shapes = []
+    for model, H in (("GLM-5.3-Flash", 8), ("GLM-5.3-Flash", 16), ("GLM-5.3-Flash", 32), ("GLM-5.3-Flash", 64),
+                     ("DeepSeek-V3.2", 8), ("DeepSeek-V3.2", 16), ("DeepSeek-V3.2", 64), ("DeepSeek-V3.2", 128)):
+        for T in (1, 2, 4, 16, 64):
+            if T == 2 and H > 16: continue
+            for kv in ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla"):
+                if kv == "fp16" and T not in (1, 64): continue
+                shapes.append((model, H, T, kv))
+if len(sys.argv) > 2 and sys.argv[2] == "large":
+    shapes = []
+    for model, H in (("GLM-5.3-Flash", 8), ("GLM-5.3-Flash", 16), ("DeepSeek-V3.2", 16), ("GLM-5.3-Flash", 32),
+                     ("DeepSeek-V3.2", 128)):
+        for T in (256, 1024):
+            for kv in ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla"):
+                shapes.append((model, H, T, kv))
 res = {}
 for model, H, T, kv in shapes:
     f = setup(model, H, T, kv)
