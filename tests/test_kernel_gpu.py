@@ -100,6 +100,15 @@ def test_fp8_ds_mla_accuracy_at_small_topk(topk, masking, block_heads):
                            torch.device("cuda")))
 
 
+def _combine_kernel_configs(prof) -> set[tuple[int, int]]:
+    """(split groups, loads per thread) of every combine kernel a profile saw, from the names of
+    its template arguments (combine_kernel.cuh sparse_mla_combine_kernel<Element, G, loads>)."""
+    names = [e.name for e in prof.events() if "sparse_mla_combine_kernel" in e.name]
+    found = [re.search(r"sparse_mla_combine_kernel<[^,]+, (\d+), (\d+)>", n) for n in names]
+    assert names and all(found), names
+    return {(int(m[1]), int(m[2])) for m in found}
+
+
 @pytest.mark.parametrize("topk", [2176, 4416])
 @pytest.mark.parametrize("num_heads", [8, 16])
 def test_decode_combine_of_more_than_64_splits(num_heads, topk):
@@ -113,9 +122,7 @@ def test_decode_combine_of_more_than_64_splits(num_heads, topk):
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         _check(verify.run_case(Case(head_size=576, num_heads=num_heads, topk=topk, num_tokens=1), torch.device("cuda")))
     if torch.cuda.get_device_properties(0).multi_processor_count >= 69:
-        names = [e.name for e in prof.events() if "sparse_mla_combine_kernel" in e.name]
-        found = {m.groups() for m in (re.search(r"sparse_mla_combine_kernel<[^,]+, (\d+), (\d+)>", n) for n in names) if m}
-        assert found == {("4", "17" if topk == 2176 else "16")}, names
+        assert _combine_kernel_configs(prof) == {(4, 17 if topk == 2176 else 16)}
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["bf16", "fp8_ds_mla"])
@@ -132,9 +139,7 @@ def test_combine_of_more_splits_than_one_round_one_block_per_row(num_tokens, kv_
         _check(verify.run_case(Case(head_size=576, num_heads=16, topk=2048, num_tokens=num_tokens,
                                     kv_cache_dtype=kv_cache_dtype), torch.device("cuda")))
     if 16 * num_tokens > torch.cuda.get_device_properties(0).multi_processor_count:
-        names = [e.name for e in prof.events() if "sparse_mla_combine_kernel" in e.name]
-        found = {m.groups() for m in (re.search(r"sparse_mla_combine_kernel<[^,]+, (\d+), (\d+)>", n) for n in names) if m}
-        assert found == {("1", "16")}, names
+        assert _combine_kernel_configs(prof) == {(1, 16)}
 
 
 def _fwd_kernel_configs(prof) -> set[tuple[int, int, str]]:

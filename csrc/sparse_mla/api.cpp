@@ -391,8 +391,8 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   }
   if (!std::isfinite(a.sm_scale) || std::fabs(a.sm_scale) > 3.0e38)
     fail("sm_scale must be a finite float32 value, got ", a.sm_scale);
-  if (a.block_heads != 0 && a.block_heads != 16 && a.block_heads != 16 * kMaxHeadGroups)
-    fail("block_heads must be 0 (planned), 16 or ", 16 * kMaxHeadGroups, ", got ", a.block_heads);
+  if (a.block_heads != 0 && a.block_heads != 16 && a.block_heads != kMaxBlockH)
+    fail("block_heads must be 0 (planned), 16 or ", kMaxBlockH, ", got ", a.block_heads);
   if (a.block_heads > 16 && H <= 16)
     fail("block_heads ", a.block_heads, " needs num_heads > 16 (q.shape[1] is ", H, ")");
 
