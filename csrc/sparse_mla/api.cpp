@@ -23,6 +23,12 @@ int64_t unsplit_blocks(int num_tokens, int num_heads, int head_groups) {
   return static_cast<int64_t>(num_tokens) * ((num_heads + bh - 1) / bh);
 }
 
+// Whether a launch's (token, head) rows are at most one per SM: the decode combine's layout
+// (combine_split_groups), whose one round covers up to 64 splits.
+bool rows_fit_one_per_sm(int num_tokens, int num_heads, int num_sms) {
+  return num_sms > 0 && static_cast<int64_t>(num_tokens) * num_heads <= num_sms;
+}
+
 // Messages are built with std::string and std::to_string only: no iostreams in the host API,
 // whose state a host process (Python with its own libstdc++) may not share with this module.
 void append(std::string& s, const char* v) { s += v; }
@@ -199,7 +205,16 @@ KvFormat parse_kv_cache_dtype(const std::string& s, const TensorDesc& kv_cache) 
   fail("kv_cache_dtype must be one of auto, bfloat16, float16, fp8, fp8_e4m3, fp8_ds_mla; got '", s, "'");
 }
 
-SplitPlan plan_splits(int num_tokens, int num_heads, int head_groups, int topk, int num_sms,
+double co_resident_tile_time(KvFormat format, int num_tokens, int num_heads, int num_sms, int64_t blocks,
+                             int tiles_per_split) {
+  if (blocks < 2) return 1.0;
+  if (blocks >= 3 && tiles_per_split >= kCoResidentThreeMinTiles) return kCoResidentTileTimeThree;
+  if (tiles_per_split >= kCoResidentMinTiles) return kCoResidentTileTime;
+  const bool short_blocks = format == KvFormat::kBFloat16 || rows_fit_one_per_sm(num_tokens, num_heads, num_sms);
+  return short_blocks && tiles_per_split >= kCoResidentShortMinTiles ? kCoResidentShortTileTime : 1.0;
+}
+
+SplitPlan plan_splits(int num_tokens, int num_heads, int head_groups, KvFormat format, int topk, int num_sms,
                       int64_t workspace_bytes, int blocks_per_sm) {
   // Outside the domain plan_sparse_mla_fwd admits (H 1..128, 1 or 2 head groups, topk 1..2^30):
   // no split.
@@ -212,15 +227,16 @@ SplitPlan plan_splits(int num_tokens, int num_heads, int head_groups, int topk, 
   if (num_sms <= 0 || num_tiles < 2) return best;
   // Partial results per split: [T, H, 512] + [T, H] fp32.
   const int64_t per_split = static_cast<int64_t>(num_tokens) * num_heads * (kHeadSizeV + 1) * 4;
-  // Time in tile-times of a lone block: the most blocks an SM gets x tiles per block, at
-  // kCoResidentTileTime each when the SM holds several blocks of at least kCoResidentMinTiles
-  // tiles at once (they hide each other's latencies; shorter blocks did not gain on the H200),
-  // plus for a split launch the combine pass (kCombineFixedTiles, and its partial-result traffic
-  // at kCombineBytesPerTile per SM per tile-time). Ties go to fewer splits.
+  // Time in tile-times of a lone block: the most blocks an SM gets x tiles per block, each tile
+  // shortened where the SM holds several of those blocks at once (they hide each other's
+  // latencies; co_resident_tile_time), plus for a split launch the combine pass
+  // (kCombineFixedTiles, and its partial-result traffic at kCombineBytesPerTile per SM per
+  // tile-time). Ties go to fewer splits.
   auto cost = [&](int tiles_per_split, int splits) {
     const int64_t per_sm = (base_blocks * splits + num_sms - 1) / num_sms;
     double c = static_cast<double>(per_sm * tiles_per_split);
-    if (blocks_per_sm > 1 && per_sm > 1 && tiles_per_split >= kCoResidentMinTiles) c *= kCoResidentTileTime;
+    c *= co_resident_tile_time(format, num_tokens, num_heads, num_sms, std::min<int64_t>(blocks_per_sm, per_sm),
+                               tiles_per_split);
     if (splits > 1)
       c += kCombineFixedTiles + static_cast<double>(per_split) * splits / num_sms / kCombineBytesPerTile;
     return c;
@@ -246,7 +262,7 @@ SplitPlan plan_splits(int num_tokens, int num_heads, int head_groups, int topk, 
 
 int combine_split_groups(int num_tokens, int num_heads, int num_splits, int num_sms) {
   if (num_splits <= 1) return 1;
-  return static_cast<int64_t>(num_tokens) * num_heads <= num_sms ? kCombineDecodeSplitGroups : 1;
+  return rows_fit_one_per_sm(num_tokens, num_heads, num_sms) ? kCombineDecodeSplitGroups : 1;
 }
 
 bool one_stage_plan(int num_tokens, int num_heads, int head_groups, const SplitPlan& plan, int num_sms) {
@@ -261,11 +277,11 @@ bool decoded_fp8_plan(int num_tokens, int num_heads, int head_groups, const Spli
   return num_sms > 0 && unsplit_blocks(num_tokens, num_heads, head_groups) * plan.num_splits <= num_sms;
 }
 
-SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int head_groups, int topk, int num_sms,
+SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int head_groups, KvFormat format, int topk, int num_sms,
                           int64_t workspace_bytes, int blocks_per_sm, int one_stage_blocks_per_sm,
                           int decoded_fp8_blocks_per_sm) {
   const auto plan_at = [&](int occupancy) {
-    return plan_splits(num_tokens, num_heads, head_groups, topk, num_sms, workspace_bytes, occupancy);
+    return plan_splits(num_tokens, num_heads, head_groups, format, topk, num_sms, workspace_bytes, occupancy);
   };
   if (variant_raises_occupancy(blocks_per_sm, one_stage_blocks_per_sm)) {
     SplitPlan plan = plan_at(one_stage_blocks_per_sm);
@@ -285,7 +301,7 @@ SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int head_groups, int to
 int plan_head_groups(int num_tokens, int num_heads, KvFormat format, int topk, int num_sms, int64_t workspace_bytes,
                      int sixteen_head_blocks_per_sm, int thirty_two_head_blocks_per_sm) {
   if (num_heads <= 16 || (sixteen_head_blocks_per_sm >= 2 && format != KvFormat::kFloat16)) return 1;
-  const SplitPlan wide = plan_splits(num_tokens, num_heads, kMaxHeadGroups, topk, num_sms, workspace_bytes,
+  const SplitPlan wide = plan_splits(num_tokens, num_heads, kMaxHeadGroups, format, topk, num_sms, workspace_bytes,
                                      thirty_two_head_blocks_per_sm);
   return wide.num_splits > 1 && wide.tiles_per_split < kCoResidentMinTiles ? 1 : kMaxHeadGroups;
 }
@@ -444,7 +460,7 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   const int decoded_fp8_blocks = occupancy(head_groups, FwdVariant::kDecodedFp8);
   // Before sm_89 every fp8 launch decodes once (decoded_fp8_plan): planned at that occupancy.
   const SplitPlan split = plan_fwd_splits(
-      p.num_tokens, p.num_heads, head_groups, p.topk, num_sms, workspace_bytes,
+      p.num_tokens, p.num_heads, head_groups, format, p.topk, num_sms, workspace_bytes,
       software_fp8_convert(sm_version) && decoded_fp8_blocks > 0 ? decoded_fp8_blocks : main_blocks[head_groups - 1],
       occupancy(head_groups, FwdVariant::kOneStage), decoded_fp8_blocks);
   p.head_groups = head_groups;

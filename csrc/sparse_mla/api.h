@@ -83,7 +83,7 @@ struct SplitPlan {
   bool one_stage = false;    // run the one-stage 16-head 16-bit kernel (plan_fwd_splits)
   bool decoded_fp8 = false;  // run the fp8 kernel that decodes each tile once (plan_fwd_splits)
 };
-SplitPlan plan_splits(int num_tokens, int num_heads, int head_groups, int topk, int num_sms,
+SplitPlan plan_splits(int num_tokens, int num_heads, int head_groups, KvFormat format, int topk, int num_sms,
                       int64_t workspace_bytes, int blocks_per_sm = 1);
 // Two (a block of one tile has no second gather in flight behind its first), but one for launches
 // of at most kOneTileSplitMaxRows (token, head) rows whose top-k has no more tiles than one round
@@ -98,11 +98,31 @@ constexpr int kMaxSplitBlocksPerSm = 3;
 // part for its launch, and the write + read of the partial results (bytes per SM per tile-time).
 constexpr double kCombineFixedTiles = 1.0;
 constexpr double kCombineBytesPerTile = 64.0 * 1024;
-// Tile time of a block sharing its SM with others, relative to a lone block's (H200, 16-head
-// kernels at two blocks per SM: 0.73 for bf16, 0.57 for fp8_e4m3 caches), for blocks of at least
-// kCoResidentMinTiles tiles (T = 4 and 16 plans of 2-5 tiles per block ran 5-18 % slower).
+// Tile time of a block that shares its SM with `blocks` - 1 others, relative to a lone block's
+// (1 for blocks <= 1; plan_splits' cost model), for blocks of tiles_per_split tiles:
+// - kCoResidentTileTime for blocks of at least kCoResidentMinTiles tiles (H200, 16-head kernels at
+//   two blocks per SM: 0.73 for bf16, 0.57 for fp8_e4m3 caches);
+// - kCoResidentTileTimeThree with three or more blocks of at least kCoResidentThreeMinTiles (the
+//   H200's 16-head fp8_e4m3 kernel at D = 512, three per SM: 3 splits of 23 tiles ran 1.06-1.08x
+//   2 of 34 at T x H = 1024-2048; 9 splits of 8 tiles against 6 of 12, 0.96x);
+// - kCoResidentShortTileTime for blocks of kCoResidentShortMinTiles to kCoResidentMinTiles - 1
+//   tiles with a bf16 cache, whose tile is the longest (two P V MMAs, hi + lo: 1.6-1.8 us a tile
+//   against 1.1-1.5 for the other formats on the H200), or with at most num_sms (token, head) rows,
+//   whose decode combine covers up to 64 splits in one round. Above num_sms rows the other formats
+//   ran 0.85-0.96x with such blocks (the one-block-per-row combine takes a second round past 8
+//   splits); blocks of 2-3 tiles 0.86-0.97x; at 0.7, 4-tile blocks in place of 6-7-tile ones
+//   0.92-0.99x.
+// The plans this changed from v20's rule (blocks of 8 tiles or more, two per SM) ran 0.99-1.18x on
+// the H200 (39 plans at T = 2-128, 35 of them 1.02-1.18x), 0.99-1.07x with sm_120's occupancy
+// (6 plans; bench/NOTES.md v21).
 constexpr double kCoResidentTileTime = 0.7;
 constexpr int kCoResidentMinTiles = 8;
+constexpr double kCoResidentTileTimeThree = 0.65;
+constexpr int kCoResidentThreeMinTiles = 16;
+constexpr double kCoResidentShortTileTime = 0.75;
+constexpr int kCoResidentShortMinTiles = 4;
+double co_resident_tile_time(KvFormat format, int num_tokens, int num_heads, int num_sms, int64_t blocks,
+                             int tiles_per_split);
 
 // Heads per block, in groups of 16 (kernel_traits.h kHeadGroups), for a launch of num_tokens x
 // num_heads from a cache of `format`: 1 up to 16 heads. Above that, 16-head blocks where an SM
@@ -152,7 +172,7 @@ constexpr int kOneStageMinTiles = 16;
 // (with sm_120's occupancy on the H200, the 16-head fp8_ds_mla D576 kernel of raw tiles, one per
 // SM, ran 0.90-0.99x the decode-once one, two per SM; bench/NOTES.md v14); otherwise
 // plan_splits at the main kernel's occupancy.
-SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int head_groups, int topk, int num_sms,
+SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int head_groups, KvFormat format, int topk, int num_sms,
                           int64_t workspace_bytes, int blocks_per_sm, int one_stage_blocks_per_sm,
                           int decoded_fp8_blocks_per_sm = 0);
 

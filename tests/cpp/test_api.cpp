@@ -149,34 +149,34 @@ TEST(SparseMlaFwdChecks, CpuPathAcceptsCpuTensorsOnly) {
 TEST(SplitPlan, SplitsOnlyWhenTheGridIsSmall) {
   const int64_t ws = workspace_size(132);
   // One decode token, 32 heads in 16-head blocks, topk 2048: 64 tiles -> split to fill the GPU.
-  SplitPlan p = plan_splits(1, 32, kOneGroup, 2048, 132, ws);
+  SplitPlan p = plan_splits(1, 32, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws);
   EXPECT_GT(p.num_splits, 1);
   EXPECT_GE(p.tiles_per_split, kMinTilesPerSplit);
   EXPECT_GE(p.num_splits * p.tiles_per_split, 64);
   EXPECT_LT((p.num_splits - 1) * p.tiles_per_split, 64);  // no empty trailing split
   // Enough blocks already: no split, no combine pass.
-  EXPECT_EQ(plan_splits(4096, 64, kTwoGroups, 2048, 132, ws).num_splits, 1);
-  EXPECT_EQ(plan_splits(132, 16, kOneGroup, 2048, 132, ws).num_splits, 1);
+  EXPECT_EQ(plan_splits(4096, 64, kTwoGroups, KvFormat::kBFloat16, 2048, 132, ws).num_splits, 1);
+  EXPECT_EQ(plan_splits(132, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws).num_splits, 1);
   // More (token, head) rows than SMs, split past one round of the one-block-per-row combine
   // (8 splits; test_kernel_gpu.py runs these two on the H200).
-  p = plan_splits(9, 16, kOneGroup, 2048, 132, ws);
+  p = plan_splits(9, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws);
   EXPECT_EQ(p.num_splits, 13);
   EXPECT_EQ(combine_split_groups(9, 16, p.num_splits, 132), 1);
-  p = plan_splits(12, 16, kOneGroup, 2048, 132, ws);
+  p = plan_splits(12, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws);
   EXPECT_EQ(p.num_splits, 11);
   EXPECT_EQ(combine_split_groups(12, 16, p.num_splits, 132), 1);
   // Short top-k: nothing to split.
-  EXPECT_EQ(plan_splits(1, 16, kOneGroup, 32, 132, ws).num_splits, 1);
+  EXPECT_EQ(plan_splits(1, 16, kOneGroup, KvFormat::kBFloat16, 32, 132, ws).num_splits, 1);
   // No tokens: nothing to plan (and no division by zero).
-  EXPECT_EQ(plan_splits(0, 16, kOneGroup, 2048, 132, ws).num_splits, 1);
+  EXPECT_EQ(plan_splits(0, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws).num_splits, 1);
   // No workspace: no split.
-  EXPECT_EQ(plan_splits(1, 16, kOneGroup, 2048, 132, 0).num_splits, 1);
+  EXPECT_EQ(plan_splits(1, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, 0).num_splits, 1);
 }
 
 TEST(SplitPlan, SplitsFewRowsIntoOneTileBlocksThatOneCombineRoundCovers) {
   const int64_t ws = workspace_size(132);
   auto expect_plan = [&](int num_tokens, int num_heads, int topk, int splits, int tiles) {
-    const SplitPlan p = plan_splits(num_tokens, num_heads, kOneGroup, topk, 132, ws);
+    const SplitPlan p = plan_splits(num_tokens, num_heads, kOneGroup, KvFormat::kBFloat16, topk, 132, ws);
     EXPECT_EQ(p.num_splits, splits) << num_tokens << " x " << num_heads << ", topk " << topk;
     EXPECT_EQ(p.tiles_per_split, tiles) << num_tokens << " x " << num_heads << ", topk " << topk;
   };
@@ -188,7 +188,7 @@ TEST(SplitPlan, SplitsFewRowsIntoOneTileBlocksThatOneCombineRoundCovers) {
   expect_plan(1, 32, 2048, 32, 2);
   expect_plan(2, 16, 2048, 32, 2);
   // One tile more than a combine round covers: no one-tile blocks.
-  EXPECT_GE(plan_splits(1, 16, kOneGroup, 69 * 32, 132, ws).tiles_per_split, kMinTilesPerSplit);
+  EXPECT_GE(plan_splits(1, 16, kOneGroup, KvFormat::kBFloat16, 69 * 32, 132, ws).tiles_per_split, kMinTilesPerSplit);
   EXPECT_EQ(kCombineDecodeOneRound, 68);
   // The decode combine: 17 loads per thread only where that makes one round of 16 loads' two.
   for (const auto& [splits, loads] : {std::pair{2, 16}, std::pair{64, 16}, std::pair{65, 17}, std::pair{68, 17},
@@ -199,45 +199,87 @@ TEST(SplitPlan, SplitsFewRowsIntoOneTileBlocksThatOneCombineRoundCovers) {
 TEST(SplitPlan, SplitsAnUnderfilledGridIntoOneWave) {
   const int64_t ws = workspace_size(132);
   // 64 blocks of 32 heads x 68 tiles on 132 SMs: two splits fill one wave with half the tiles.
-  SplitPlan p = plan_splits(64, 32, kTwoGroups, 2176, 132, ws);
+  SplitPlan p = plan_splits(64, 32, kTwoGroups, KvFormat::kBFloat16, 2176, 132, ws);
   EXPECT_EQ(p.num_splits, 2);
   EXPECT_EQ(p.tiles_per_split, 34);
   // DeepSeek-V3.2 decode of 16 tokens x 128 heads: 64 blocks -> two splits as well.
-  EXPECT_EQ(plan_splits(16, 128, kTwoGroups, 2048, 132, ws).num_splits, 2);
+  EXPECT_EQ(plan_splits(16, 128, kTwoGroups, KvFormat::kBFloat16, 2048, 132, ws).num_splits, 2);
   // One token: one or two tiles per block, at most kMaxSplitBlocksPerSm blocks per SM.
-  p = plan_splits(1, 128, kTwoGroups, 2048, 132, ws);
+  p = plan_splits(1, 128, kTwoGroups, KvFormat::kBFloat16, 2048, 132, ws);
   EXPECT_LE(p.tiles_per_split, 2);
   EXPECT_LE(int64_t{p.num_splits} * 4, int64_t{kMaxSplitBlocksPerSm} * 132);
   // A partial second wave is worth splitting too (133 blocks: 2 x 64 tiles -> 3 x 32).
-  EXPECT_EQ(plan_splits(133, 16, kOneGroup, 2048, 132, ws).num_splits, 2);
+  EXPECT_EQ(plan_splits(133, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws).num_splits, 2);
 }
 
 TEST(SplitPlan, UsesASecondBlockPerSmWhereItFits) {
   const int64_t ws = workspace_size(132);
   // 64 blocks of 16 heads x 64 tiles: one block per SM -> 2 splits; two per SM -> 4 splits,
   // every SM running two blocks of 16 tiles.
-  EXPECT_EQ(plan_splits(64, 16, kOneGroup, 2048, 132, ws, 1).num_splits, 2);
-  const SplitPlan p = plan_splits(64, 16, kOneGroup, 2048, 132, ws, 2);
+  EXPECT_EQ(plan_splits(64, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, 1).num_splits, 2);
+  const SplitPlan p = plan_splits(64, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, 2);
   EXPECT_EQ(p.num_splits, 4);
   EXPECT_EQ(p.tiles_per_split, 16);
-  // Blocks of a few tiles do not gain from sharing an SM: T = 16 keeps its 8 splits of 8 tiles.
-  EXPECT_EQ(plan_splits(16, 16, kOneGroup, 2048, 132, ws, 2).num_splits,
-            plan_splits(16, 16, kOneGroup, 2048, 132, ws, 1).num_splits);
-  EXPECT_EQ(plan_splits(16, 16, kOneGroup, 2048, 132, ws, 2).num_splits, 8);
+  // Blocks of 4-7 tiles gain from sharing an SM only with a bf16 cache or at most one row per SM
+  // (co_resident_tile_time): T = 16 x 16 heads (256 rows) keeps 8 splits of 8 tiles for the
+  // other formats, and for bf16 at one block per SM; bf16 at two takes 16 of 4. At 8 heads (128
+  // rows) every format takes 16 of 4.
+  for (KvFormat f : {KvFormat::kFloat16, KvFormat::kFp8E4m3, KvFormat::kFp8DsMla}) {
+    EXPECT_EQ(plan_splits(16, 16, kOneGroup, f, 2048, 132, ws, 2).num_splits, 8) << static_cast<int>(f);
+    EXPECT_EQ(plan_splits(16, 8, kOneGroup, f, 2048, 132, ws, 2).num_splits, 16) << static_cast<int>(f);
+  }
+  EXPECT_EQ(plan_splits(16, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, 1).num_splits, 8);
+  const SplitPlan bf16 = plan_splits(16, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, 2);
+  EXPECT_EQ(bf16.num_splits, 16);
+  EXPECT_EQ(bf16.tiles_per_split, 4);
   // A grid that fills the GPU stays unsplit whatever the occupancy.
-  EXPECT_EQ(plan_splits(1024, 16, kOneGroup, 2048, 132, ws, 2).num_splits, 1);
+  EXPECT_EQ(plan_splits(1024, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, 2).num_splits, 1);
+}
+
+TEST(SplitPlan, CoResidentTileTime) {
+  const KvFormat kBf16 = KvFormat::kBFloat16;
+  for (KvFormat f : {kBf16, KvFormat::kFloat16, KvFormat::kFp8E4m3, KvFormat::kFp8DsMla}) {
+    const double short_others = f == kBf16 ? kCoResidentShortTileTime : 1.0;
+    // A lone block; blocks of at least kCoResidentMinTiles; a third block only for long ones.
+    EXPECT_EQ(co_resident_tile_time(f, 64, 16, 132, 1, 64), 1.0);
+    EXPECT_EQ(co_resident_tile_time(f, 64, 16, 132, 2, kCoResidentMinTiles), kCoResidentTileTime);
+    EXPECT_EQ(co_resident_tile_time(f, 64, 16, 132, 3, kCoResidentThreeMinTiles), kCoResidentTileTimeThree);
+    EXPECT_EQ(co_resident_tile_time(f, 64, 16, 132, 3, kCoResidentThreeMinTiles - 1), kCoResidentTileTime);
+    // Blocks of 4-7 tiles: bf16 caches, or at most one (token, head) row per SM.
+    EXPECT_EQ(co_resident_tile_time(f, 8, 16, 132, 2, kCoResidentShortMinTiles), kCoResidentShortTileTime);  // 128 rows
+    EXPECT_EQ(co_resident_tile_time(f, 1, 128, 132, 2, 7), kCoResidentShortTileTime);
+    EXPECT_EQ(co_resident_tile_time(f, 9, 16, 132, 2, 7), short_others);  // 144 rows
+    EXPECT_EQ(co_resident_tile_time(f, 1, 16, 0, 2, 7), short_others);    // no SM count
+    // Shorter blocks: no credit.
+    EXPECT_EQ(co_resident_tile_time(f, 1, 16, 132, 2, kCoResidentShortMinTiles - 1), 1.0);
+  }
+  EXPECT_LT(kCoResidentTileTimeThree, kCoResidentTileTime);
+  EXPECT_LT(kCoResidentTileTime, kCoResidentShortTileTime);
+}
+
+TEST(SplitPlan, AThirdBlockPerSmSharesItsTiles) {
+  const int64_t ws = workspace_size(132);
+  // 64 tokens x 32 heads in 16-head blocks (128 blocks), GLM's 68 tiles: two blocks per SM take
+  // 2 splits of 34 tiles; three per SM (the H200's fp8_e4m3 kernel at D = 512), 3 of 23.
+  SplitPlan p = plan_splits(64, 32, kOneGroup, KvFormat::kFp8E4m3, 2176, 132, ws, 2);
+  EXPECT_EQ(p.num_splits, 2);
+  EXPECT_EQ(p.tiles_per_split, 34);
+  p = plan_splits(64, 32, kOneGroup, KvFormat::kFp8E4m3, 2176, 132, ws, 3);
+  EXPECT_EQ(p.num_splits, 3);
+  EXPECT_EQ(p.tiles_per_split, 23);
+  EXPECT_LT(kCoResidentTileTimeThree, kCoResidentTileTime);
 }
 
 TEST(SplitPlan, OutsideTheAdmittedDomainNothingSplits) {
   const int64_t ws = workspace_size(132);
   for (const auto& [T, H, topk] : {std::tuple{-1, -100, 2048}, std::tuple{1, 0, 2048}, std::tuple{1, 129, 2048},
                                    std::tuple{1, 16, 0}, std::tuple{1, 16, (1 << 30) + 1}, std::tuple{1, 16, 2147483647}}) {
-    const SplitPlan p = plan_splits(T, H, head_groups_for(H), topk, 132, ws, 2);
+    const SplitPlan p = plan_splits(T, H, head_groups_for(H), KvFormat::kBFloat16, topk, 132, ws, 2);
     EXPECT_EQ(p.num_splits, 1) << T << " " << H << " " << topk;
     EXPECT_GE(p.tiles_per_split, 1);
   }
-  EXPECT_EQ(plan_splits(1, 16, kOneGroup, 2147483647, 132, ws).tiles_per_split, 67108864);  // covers every tile
-  for (int groups : {0, 3}) EXPECT_EQ(plan_splits(1, 64, groups, 2048, 132, ws).num_splits, 1) << groups;
+  EXPECT_EQ(plan_splits(1, 16, kOneGroup, KvFormat::kBFloat16, 2147483647, 132, ws).tiles_per_split, 67108864);  // covers every tile
+  for (int groups : {0, 3}) EXPECT_EQ(plan_splits(1, 64, groups, KvFormat::kBFloat16, 2048, 132, ws).num_splits, 1) << groups;
 }
 
 TEST(SplitPlan, CombineUsesFourThreadGroupsOnlyAtDecode) {
@@ -281,24 +323,24 @@ TEST(SplitPlan, OneStagePlanOnlyWhereItDoublesTheBlocksPerSm) {
   const int64_t ws = workspace_size(132);
   // sm_120's occupancy (one two-stage block per SM, two one-stage): T = 64 plans four splits of
   // 16 tiles for two blocks per SM, T = 1024 stays unsplit; both run the one-stage kernel.
-  SplitPlan p = plan_fwd_splits(64, 16, kOneGroup, 2048, 132, ws, 1, 2);
+  SplitPlan p = plan_fwd_splits(64, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, 1, 2);
   EXPECT_TRUE(p.one_stage);
   EXPECT_EQ(p.num_splits, 4);
   EXPECT_EQ(p.tiles_per_split, 16);
-  p = plan_fwd_splits(1024, 16, kOneGroup, 2048, 132, ws, 1, 2);
+  p = plan_fwd_splits(1024, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, 1, 2);
   EXPECT_TRUE(p.one_stage);
   EXPECT_EQ(p.num_splits, 1);
   // Blocks of few tiles (T = 1, 4, 16) keep the two-stage kernel and its plan.
   for (int T : {1, 4, 16}) {
-    p = plan_fwd_splits(T, 16, kOneGroup, 2048, 132, ws, 1, 2);
+    p = plan_fwd_splits(T, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, 1, 2);
     EXPECT_FALSE(p.one_stage) << T;
-    EXPECT_EQ(p.num_splits, plan_splits(T, 16, kOneGroup, 2048, 132, ws, 1).num_splits) << T;
+    EXPECT_EQ(p.num_splits, plan_splits(T, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, 1).num_splits) << T;
   }
   // The H200 (two two-stage blocks per SM), no second one-stage block, no variant (0).
   for (const auto& [two, one] : {std::pair{2, 4}, std::pair{1, 1}, std::pair{1, 0}}) {
-    p = plan_fwd_splits(64, 16, kOneGroup, 2048, 132, ws, two, one);
+    p = plan_fwd_splits(64, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, two, one);
     EXPECT_FALSE(p.one_stage) << two << " " << one;
-    EXPECT_EQ(p.num_splits, plan_splits(64, 16, kOneGroup, 2048, 132, ws, two).num_splits) << two << " " << one;
+    EXPECT_EQ(p.num_splits, plan_splits(64, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, two).num_splits) << two << " " << one;
   }
 }
 
@@ -341,19 +383,19 @@ TEST(SplitPlan, DecodedFp8KernelWhereItDoublesTheBlocksPerSm) {
   // One block of raw tiles per SM, two decode-once ones (sm_120, 16-head fp8_ds_mla at D = 576):
   // the decode-once kernel at its occupancy, whatever the grid.
   for (int T : {1, 16, 32, 64, 1024}) {  // T = 32: 5 x 13 tiles at one block per SM, 8 x 8 at two
-    const SplitPlan p = plan_fwd_splits(T, 16, kOneGroup, 2048, 170, ws, 1, 0, 2);
-    const SplitPlan want = plan_splits(T, 16, kOneGroup, 2048, 170, ws, 2);
+    const SplitPlan p = plan_fwd_splits(T, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, 1, 0, 2);
+    const SplitPlan want = plan_splits(T, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, 2);
     EXPECT_TRUE(p.decoded_fp8 && !p.one_stage) << T;
     EXPECT_EQ(p.num_splits, want.num_splits) << T;
     EXPECT_EQ(p.tiles_per_split, want.tiles_per_split) << T;
   }
-  EXPECT_NE(plan_splits(32, 16, kOneGroup, 2048, 170, ws, 1).num_splits,
-            plan_splits(32, 16, kOneGroup, 2048, 170, ws, 2).num_splits);
+  EXPECT_NE(plan_splits(32, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, 1).num_splits,
+            plan_splits(32, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, 2).num_splits);
   // The H200 (two of raw tiles), no second decode-once block, no variant: the main kernel's plan.
   for (const auto& [raw, decoded] : {std::pair{2, 2}, std::pair{1, 1}, std::pair{1, 0}}) {
-    const SplitPlan p = plan_fwd_splits(64, 16, kOneGroup, 2048, 170, ws, raw, 0, decoded);
+    const SplitPlan p = plan_fwd_splits(64, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, raw, 0, decoded);
     EXPECT_FALSE(p.decoded_fp8) << raw << " " << decoded;
-    EXPECT_EQ(p.num_splits, plan_splits(64, 16, kOneGroup, 2048, 170, ws, raw).num_splits) << raw << " " << decoded;
+    EXPECT_EQ(p.num_splits, plan_splits(64, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, raw).num_splits) << raw << " " << decoded;
   }
   // Through the launch plan, with sm_120's occupancies (an RTX 5090's 170 SMs, sm_120).
   auto decoded = [](const char* kv_cache_dtype, int64_t D, int64_t T, int64_t H) {
@@ -382,13 +424,13 @@ TEST(SplitPlan, BeforeSm89TheDecodeOnceKernelIsPlannedAtItsOwnOccupancy) {
   const int64_t ws = workspace_size(132);  // good_args' workspace
   for (const auto& [sm_version, blocks] : {std::pair{86, 1}, std::pair{120, 2}}) {
     const SparseMlaFwdParams p = plan_sparse_mla_fwd(a, true, 170, &raw_twice_decoded_once, sm_version).params;
-    const SplitPlan want = plan_splits(32, 16, kOneGroup, 2048, 170, ws, blocks);
+    const SplitPlan want = plan_splits(32, 16, kOneGroup, KvFormat::kFp8E4m3, 2048, 170, ws, blocks);
     EXPECT_EQ(p.decoded_fp8, sm_version == 86);
     EXPECT_EQ(p.num_splits, want.num_splits) << sm_version;
     EXPECT_EQ(p.tiles_per_split, want.tiles_per_split) << sm_version;
   }
-  EXPECT_NE(plan_splits(32, 16, kOneGroup, 2048, 170, ws, 1).num_splits,
-            plan_splits(32, 16, kOneGroup, 2048, 170, ws, 2).num_splits);
+  EXPECT_NE(plan_splits(32, 16, kOneGroup, KvFormat::kFp8E4m3, 2048, 170, ws, 1).num_splits,
+            plan_splits(32, 16, kOneGroup, KvFormat::kFp8E4m3, 2048, 170, ws, 2).num_splits);
 }
 
 TEST(SplitPlan, DecodedFp8KernelForGridsOfOneWave) {
@@ -447,7 +489,7 @@ TEST(HeadGroups, WithOneSixteenHeadBlockPerSmOnlyDecodeSplitsTakeThem) {
   // The 32-head plans (132 SMs, one block each): T = 1 34 splits of 2 tiles (32 heads) and 32 of 2
   // (128 heads); T = 2, 128 heads: 16 of 4; T = 4, 128 heads: 8 of 8 (not fewer than
   // kCoResidentMinTiles); T = 64, 32 heads: 2 of 34; T = 1024 unsplit.
-  EXPECT_EQ(plan_splits(4, 128, kTwoGroups, 2048, 132, ws).tiles_per_split, kCoResidentMinTiles);
+  EXPECT_EQ(plan_splits(4, 128, kTwoGroups, KvFormat::kBFloat16, 2048, 132, ws).tiles_per_split, kCoResidentMinTiles);
   for (const auto& [T, H, groups] : {std::tuple{1, 32, 1}, std::tuple{1, 128, 1}, std::tuple{2, 128, 1},
                                      std::tuple{4, 128, 2}, std::tuple{64, 32, 2}, std::tuple{1024, 64, 2}})
     EXPECT_EQ(plan_head_groups(T, H, KvFormat::kBFloat16, 2048, 132, ws, 1, 1), groups) << T << " " << H;
@@ -465,7 +507,7 @@ TEST(HeadGroups, LaunchPlanCarriesTheHeadGroups) {
   const int64_t ws = workspace_size(132);  // good_args' workspace
   for (int64_t T : {1, 64, 1024}) {
     const SparseMlaFwdParams p = plan_sparse_mla_fwd(good_args(T, 64), true, 132, &h200_like_blocks_per_sm).params;
-    const SplitPlan want = plan_splits(static_cast<int>(T), 64, kOneGroup, 2048, 132, ws, 2);
+    const SplitPlan want = plan_splits(static_cast<int>(T), 64, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, 2);
     EXPECT_EQ(p.head_groups, kOneGroup) << T;
     EXPECT_EQ(p.num_splits, want.num_splits) << T;
     EXPECT_EQ(p.tiles_per_split, want.tiles_per_split) << T;
@@ -486,7 +528,7 @@ TEST(HeadGroups, LaunchPlanCarriesTheHeadGroups) {
   forced.block_heads = 32;
   const SparseMlaFwdParams p32 = plan_sparse_mla_fwd(forced, true, 132, &h200_like_blocks_per_sm).params;
   EXPECT_EQ(p32.head_groups, kTwoGroups);
-  EXPECT_EQ(p32.num_splits, plan_splits(1024, 64, kTwoGroups, 2048, 132, ws, 1).num_splits);
+  EXPECT_EQ(p32.num_splits, plan_splits(1024, 64, kTwoGroups, KvFormat::kBFloat16, 2048, 132, ws, 1).num_splits);
   forced.block_heads = 16;
   EXPECT_EQ(plan_sparse_mla_fwd(forced, true, 132, &sm120_like_blocks_per_sm).params.head_groups, kOneGroup);
   // Up to 16 heads: one group.
@@ -542,7 +584,7 @@ TEST(SplitPlan, WorkspaceCoversEveryPlan) {
           for (const auto& [two, one] : {std::pair{1, 0}, std::pair{2, 0}, std::pair{4, 0}, std::pair{1, 2},
                                          std::pair{1, 3}}) {
             for (int groups = kOneGroup; groups <= head_groups_for(H); ++groups) {
-              const SplitPlan p = plan_fwd_splits(T, H, groups, topk, sms, int64_t{1} << 40, two, one);
+              const SplitPlan p = plan_fwd_splits(T, H, groups, KvFormat::kBFloat16, topk, sms, int64_t{1} << 40, two, one);
               const int64_t need = int64_t{p.num_splits} * T * H * (512 + 1) * 4;
               EXPECT_LE(p.num_splits == 1 ? 0 : need, ws)
                   << "sms " << sms << " T " << T << " H " << H << " groups " << groups << " topk " << topk;
