@@ -111,7 +111,7 @@ constexpr double kCombineBytesPerTile = 64.0 * 1024;
 //   whose decode combine covers up to 64 splits in one round. Above num_sms rows the other formats
 //   ran 0.85-0.96x with such blocks (the one-block-per-row combine takes a second round past 8
 //   splits); blocks of 2-3 tiles 0.86-0.97x; at 0.7, 4-tile blocks in place of 6-7-tile ones
-//   0.92-0.99x.
+//   0.91-0.99x.
 // The plans this changed from v20's rule (blocks of 8 tiles or more, two per SM) ran 0.99-1.18x on
 // the H200 (39 plans at T = 2-128, 35 of them 1.02-1.18x), 0.99-1.07x with sm_120's occupancy
 // (6 plans; bench/NOTES.md v21).
