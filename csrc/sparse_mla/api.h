@@ -76,7 +76,7 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& args, bool requir
 // (tiles per SM plus the combine pass, see api.cpp), with >= kMinTilesPerSplit tiles per split
 // (one for few rows, below), at most kMaxSplitBlocksPerSm blocks per SM, and never more workspace
 // than `workspace_bytes`.
-// blocks_per_sm: the kernel's occupancy.
+// format: the cache's (co_resident_tile_time); blocks_per_sm: the kernel's occupancy.
 struct SplitPlan {
   int num_splits;
   int tiles_per_split;
@@ -106,15 +106,16 @@ constexpr double kCombineBytesPerTile = 64.0 * 1024;
 //   H200's 16-head fp8_e4m3 kernel at D = 512, three per SM: 3 splits of 23 tiles ran 1.06-1.08x
 //   2 of 34 at T x H = 1024-2048; 9 splits of 8 tiles against 6 of 12, 0.96x);
 // - kCoResidentShortTileTime for blocks of kCoResidentShortMinTiles to kCoResidentMinTiles - 1
-//   tiles with a bf16 cache, whose tile is the longest (two P V MMAs, hi + lo: 1.6-1.8 us a tile
-//   against 1.1-1.5 for the other formats on the H200), or with at most num_sms (token, head) rows,
-//   whose decode combine covers up to 64 splits in one round. Above num_sms rows the other formats
-//   ran 0.85-0.96x with such blocks (the one-block-per-row combine takes a second round past 8
-//   splits); blocks of 2-3 tiles 0.86-0.97x; at 0.7, 4-tile blocks in place of 6-7-tile ones
-//   0.91-0.99x.
-// The plans this changed from v20's rule (blocks of 8 tiles or more, two per SM) ran 0.99-1.18x on
-// the H200 (39 plans at T = 2-128, 35 of them 1.02-1.18x), 0.99-1.07x with sm_120's occupancy
-// (6 plans; bench/NOTES.md v21).
+//   tiles (measured at two per SM) with a bf16 cache, whose 16-head tile is the longest (1.6-1.8 us
+//   on the H200 against 1.1-1.6 for the other formats': twice fp8's bytes and, unlike fp16's, two
+//   P V passes, hi + lo), or with at most num_sms (token, head) rows, whose decode combine covers up
+//   to 64 splits in one round. Above num_sms rows the other formats ran 0.85-0.96x with such blocks
+//   (the one-block-per-row combine takes a second round past 8 splits). At kCoResidentTileTime
+//   instead, 4-tile blocks also replaced 6-tile ones, 0.915-1.015x (7-tile ones, which this still
+//   replaces: 0.988-1.105x); crediting blocks of 2-3 tiles picked plans of 0.86-0.97x but one.
+// The plans this changed from v20's rule (blocks of 8 tiles or more, more than one per SM) ran
+// 0.99-1.18x on the H200 (39 plans at T = 2-128, 35 of them 1.02-1.18x), 0.99-1.07x with sm_120's
+// occupancy (6 plans; bench/NOTES.md v21).
 constexpr double kCoResidentTileTime = 0.7;
 constexpr int kCoResidentMinTiles = 8;
 constexpr double kCoResidentTileTimeThree = 0.65;
@@ -171,7 +172,7 @@ constexpr int kOneStageMinTiles = 16;
 // decoded_fp8_blocks_per_sm, 0: none), the plan at that variant's occupancy with decoded_fp8 set
 // (with sm_120's occupancy on the H200, the 16-head fp8_ds_mla D576 kernel of raw tiles, one per
 // SM, ran 0.90-0.99x the decode-once one, two per SM; bench/NOTES.md v14); otherwise
-// plan_splits at the main kernel's occupancy.
+// plan_splits at the main kernel's occupancy. Every plan is plan_splits' for the cache's `format`.
 SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int head_groups, KvFormat format, int topk, int num_sms,
                           int64_t workspace_bytes, int blocks_per_sm, int one_stage_blocks_per_sm,
                           int decoded_fp8_blocks_per_sm = 0);

@@ -65,8 +65,8 @@ def case_groups(quick: bool, kv_dtypes: tuple[str, ...]) -> dict[str, list[Case]
     g["decode splits"] = [  # T = 1 and 2 with few rows: one-tile splits where the planner makes
         # them (api.h kMinTilesPerSplit; on the H200 64 and 68 splits, the decode combine's two
         # variants, params.h combine_decode_loads), and a short topk_len that leaves splits empty;
-        # T = 16 at 8 heads: blocks of 4-5 tiles, two per SM (api.h co_resident_tile_time; on the
-        # H200 14 or 16 splits, fp8 tiles raw)
+        # T = 16 at 8 heads: blocks of 5 tiles, two per SM (api.h co_resident_tile_time; on the
+        # H200 14 splits, fp8 tiles raw)
         Case(head_size=d, num_heads=h, topk=k, num_tokens=t, kv_cache_dtype=kv, masking=m)
         for d in HEAD_SIZES for kv in kv_dtypes
         for h, t, k, m in ((16, 1, 2048, "random"), (8, 1, 2176, "topk_len"), (8, 2, 2048, "none"),
