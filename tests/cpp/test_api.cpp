@@ -295,8 +295,10 @@ TEST(SplitPlan, OutsideTheAdmittedDomainNothingSplits) {
     EXPECT_EQ(p.num_splits, 1) << T << " " << H << " " << topk;
     EXPECT_GE(p.tiles_per_split, 1);
   }
-  EXPECT_EQ(plan_splits(1, 16, kOneGroup, KvFormat::kBFloat16, 2147483647, 132, ws).tiles_per_split, 67108864);  // covers every tile
-  for (int groups : {0, 3}) EXPECT_EQ(plan_splits(1, 64, groups, KvFormat::kBFloat16, 2048, 132, ws).num_splits, 1) << groups;
+  EXPECT_EQ(plan_splits(1, 16, kOneGroup, KvFormat::kBFloat16, 2147483647, 132, ws).tiles_per_split,
+            67108864);  // covers every tile
+  for (int groups : {0, 3})
+    EXPECT_EQ(plan_splits(1, 64, groups, KvFormat::kBFloat16, 2048, 132, ws).num_splits, 1) << groups;
 }
 
 TEST(SplitPlan, CombineUsesFourThreadGroupsOnlyAtDecode) {
@@ -357,7 +359,8 @@ TEST(SplitPlan, OneStagePlanOnlyWhereItDoublesTheBlocksPerSm) {
   for (const auto& [two, one] : {std::pair{2, 4}, std::pair{1, 1}, std::pair{1, 0}}) {
     p = plan_fwd_splits(64, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, two, one);
     EXPECT_FALSE(p.one_stage) << two << " " << one;
-    EXPECT_EQ(p.num_splits, plan_splits(64, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, two).num_splits) << two << " " << one;
+    EXPECT_EQ(p.num_splits, plan_splits(64, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, two).num_splits)
+        << two << " " << one;
   }
 }
 
@@ -412,7 +415,8 @@ TEST(SplitPlan, DecodedFp8KernelWhereItDoublesTheBlocksPerSm) {
   for (const auto& [raw, decoded] : {std::pair{2, 2}, std::pair{1, 1}, std::pair{1, 0}}) {
     const SplitPlan p = plan_fwd_splits(64, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, raw, 0, decoded);
     EXPECT_FALSE(p.decoded_fp8) << raw << " " << decoded;
-    EXPECT_EQ(p.num_splits, plan_splits(64, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, raw).num_splits) << raw << " " << decoded;
+    EXPECT_EQ(p.num_splits, plan_splits(64, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, raw).num_splits)
+        << raw << " " << decoded;
   }
   // Through the launch plan, with sm_120's occupancies (an RTX 5090's 170 SMs, sm_120).
   auto decoded = [](const char* kv_cache_dtype, int64_t D, int64_t T, int64_t H) {
