@@ -15,6 +15,16 @@ namespace {
 constexpr int kOneGroup = 1;
 constexpr int kTwoGroups = 2;
 
+// plan_splits(num_tokens, num_heads, 16-head blocks, format, topk, 132 SMs, blocks_per_sm) is
+// `splits` splits of `tiles` tiles.
+void expect_h200_plan(int num_tokens, int num_heads, KvFormat format, int topk, int blocks_per_sm, int splits,
+                      int tiles) {
+  const SplitPlan p =
+      plan_splits(num_tokens, num_heads, kOneGroup, format, topk, 132, workspace_size(132), blocks_per_sm);
+  EXPECT_EQ(p.num_splits, splits) << num_tokens << " x " << num_heads << ", format " << static_cast<int>(format);
+  EXPECT_EQ(p.tiles_per_split, tiles) << num_tokens << " x " << num_heads << ", format " << static_cast<int>(format);
+}
+
 // The checks never dereference data: each tensor gets its own 16-byte aligned fake address,
 // far enough from the others that no two overlap.
 uintptr_t g_next_address = uintptr_t{1} << 20;
@@ -228,10 +238,8 @@ TEST(SplitPlan, UsesASecondBlockPerSmWhereItFits) {
     EXPECT_EQ(plan_splits(16, 16, kOneGroup, f, 2048, 132, ws, 2).num_splits, 8) << static_cast<int>(f);
     EXPECT_EQ(plan_splits(16, 8, kOneGroup, f, 2048, 132, ws, 2).num_splits, 16) << static_cast<int>(f);
   }
-  EXPECT_EQ(plan_splits(16, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, 1).num_splits, 8);
-  const SplitPlan bf16 = plan_splits(16, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, 2);
-  EXPECT_EQ(bf16.num_splits, 16);
-  EXPECT_EQ(bf16.tiles_per_split, 4);
+  expect_h200_plan(16, 16, KvFormat::kBFloat16, 2048, 1, 8, 8);
+  expect_h200_plan(16, 16, KvFormat::kBFloat16, 2048, 2, 16, 4);
   // A grid that fills the GPU stays unsplit whatever the occupancy.
   EXPECT_EQ(plan_splits(1024, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, 2).num_splits, 1);
 }
@@ -258,33 +266,21 @@ TEST(SplitPlan, CoResidentTileTime) {
 }
 
 TEST(SplitPlan, AThirdBlockPerSmSharesItsTiles) {
-  const int64_t ws = workspace_size(132);
   // 64 tokens x 32 heads in 16-head blocks (128 blocks), GLM's 68 tiles: two blocks per SM take
   // 2 splits of 34 tiles; three per SM (the H200's fp8_e4m3 kernel at D = 512), 3 of 23.
-  SplitPlan p = plan_splits(64, 32, kOneGroup, KvFormat::kFp8E4m3, 2176, 132, ws, 2);
-  EXPECT_EQ(p.num_splits, 2);
-  EXPECT_EQ(p.tiles_per_split, 34);
-  p = plan_splits(64, 32, kOneGroup, KvFormat::kFp8E4m3, 2176, 132, ws, 3);
-  EXPECT_EQ(p.num_splits, 3);
-  EXPECT_EQ(p.tiles_per_split, 23);
+  expect_h200_plan(64, 32, KvFormat::kFp8E4m3, 2176, 2, 2, 34);
+  expect_h200_plan(64, 32, KvFormat::kFp8E4m3, 2176, 3, 3, 23);
   // Only for blocks of kCoResidentThreeMinTiles or more: T = 20 keeps 6 splits of 12 tiles at
   // two blocks per SM (9 of 8 at three ran 0.96x).
-  p = plan_splits(20, 32, kOneGroup, KvFormat::kFp8E4m3, 2176, 132, ws, 3);
-  EXPECT_EQ(p.num_splits, 6);
-  EXPECT_EQ(p.tiles_per_split, 12);
+  expect_h200_plan(20, 32, KvFormat::kFp8E4m3, 2176, 3, 6, 12);
 }
 
 TEST(SplitPlan, ShortBlocksCreditedLessThanLongOnes) {
-  const int64_t ws = workspace_size(132);
   // bf16, T = 12 x 16 heads: 11 splits of 6 tiles, one block per SM, stay (at
   // kCoResidentTileTime, 16 of 4 would be planned: 0.97x measured, bench/NOTES.md v21).
-  SplitPlan p = plan_splits(12, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, 2);
-  EXPECT_EQ(p.num_splits, 11);
-  EXPECT_EQ(p.tiles_per_split, 6);
+  expect_h200_plan(12, 16, KvFormat::kBFloat16, 2048, 2, 11, 6);
   // Blocks of 3 tiles get no credit: GLM H8 T = 8 keeps 14 splits of 5 tiles (one per SM).
-  p = plan_splits(8, 8, kOneGroup, KvFormat::kBFloat16, 2176, 132, ws, 2);
-  EXPECT_EQ(p.num_splits, 14);
-  EXPECT_EQ(p.tiles_per_split, 5);
+  expect_h200_plan(8, 8, KvFormat::kBFloat16, 2176, 2, 14, 5);
 }
 
 TEST(SplitPlan, OutsideTheAdmittedDomainNothingSplits) {
