@@ -207,10 +207,12 @@ int64_t workspace_size(int64_t num_sms) { return sparse_mla::workspace_size(stat
 
 // Blocks of the forward kernel for (q dtype, cache format, head_size, a block of num_heads heads:
 // 16-head for 1-16, 32-head for 17-128) that one SM of `device` holds at once, or with one_stage /
-// decoded_fp8 those of that variant (0 where it has none): what the planner plans with.
+// decoded_fp8 / paired_scores those of that variant (0 where it has none): what the planner plans
+// with.
 int64_t fwd_blocks_per_sm(at::ScalarType dtype, const std::string& kv_cache_dtype, int64_t head_size,
-                          int64_t num_heads, at::Device device, bool one_stage, bool decoded_fp8) {
-  TORCH_CHECK_VALUE(!(one_stage && decoded_fp8), "one_stage and decoded_fp8 name different variants: set one");
+                          int64_t num_heads, at::Device device, bool one_stage, bool decoded_fp8, bool paired_scores) {
+  TORCH_CHECK_VALUE(int{one_stage} + int{decoded_fp8} + int{paired_scores} <= 1,
+                    "one_stage, decoded_fp8 and paired_scores name different variants: set one");
   TORCH_CHECK_VALUE(dtype == at::kBFloat16 || dtype == at::kHalf,
                     std::string("dtype must be bfloat16 or float16, got ") + c10::toString(dtype));
   TORCH_CHECK_VALUE(kv_cache_dtype != "auto", "kv_cache_dtype must name the cache format ('auto' needs a cache)");
@@ -225,9 +227,10 @@ int64_t fwd_blocks_per_sm(at::ScalarType dtype, const std::string& kv_cache_dtyp
   return sparse_mla::fwd_blocks_per_sm(dtype == at::kBFloat16 ? sparse_mla::DType::kBFloat16 : sparse_mla::DType::kFloat16,
                                        format, static_cast<int>(head_size),
                                        sparse_mla::head_groups_for(static_cast<int>(num_heads)),
-                                       one_stage     ? sparse_mla::FwdVariant::kOneStage
-                                       : decoded_fp8 ? sparse_mla::FwdVariant::kDecodedFp8
-                                                     : sparse_mla::FwdVariant::kMain);
+                                       one_stage       ? sparse_mla::FwdVariant::kOneStage
+                                       : decoded_fp8   ? sparse_mla::FwdVariant::kDecodedFp8
+                                       : paired_scores ? sparse_mla::FwdVariant::kPairedScores
+                                                       : sparse_mla::FwdVariant::kMain);
 }
 
 // The CUDA targets this library was built for, as GLM53_ARCHS listed them ("80,120a", plus
@@ -261,7 +264,7 @@ TORCH_LIBRARY(sparse_mla_bw, m) {
       &check_concat_and_cache);
   m.def("workspace_size(int num_sms) -> int", &workspace_size);
   m.def("fwd_blocks_per_sm(ScalarType dtype, str kv_cache_dtype, int head_size, int num_heads, Device device, "
-        "bool one_stage=False, bool decoded_fp8=False) -> int",
+        "bool one_stage=False, bool decoded_fp8=False, bool paired_scores=False) -> int",
         &fwd_blocks_per_sm);
   m.def("format_constants() -> int[]", &format_constants);
   m.def("compiled_targets() -> str", &compiled_targets);

@@ -144,9 +144,10 @@ def test_combine_of_more_splits_than_one_round_one_block_per_row(num_tokens, kv_
 
 def _fwd_kernel_configs(prof) -> set[tuple[int, int, str]]:
     """(head_size, head groups, kFp8RawTiles) of every forward kernel a profile saw, from the
-    names of its traits' template arguments (kernel_traits.h SparseMlaFwdTraits)."""
+    names of its traits' template arguments (kernel_traits.h SparseMlaFwdTraits; the last,
+    kPairedScores, is not returned)."""
     names = [e.name for e in prof.events() if "sparse_mla_fwd_kernel" in e.name]
-    found = [re.search(r"SparseMlaFwdTraits<.*?, (512|576), ([12]), \d+, (true|false)>", n) for n in names]
+    found = [re.search(r"SparseMlaFwdTraits<.*?, (512|576), ([12]), \d+, (true|false), (?:true|false)>", n) for n in names]
     assert names and all(found), names
     return {(int(m[1]), int(m[2]), m[3]) for m in found}
 
@@ -223,8 +224,9 @@ def test_fwd_blocks_per_sm():
     as a 32-head one (256 threads, <= 99 KB), the 16-head fp8_e4m3 D512 block (44 KB) two, as on
     every target; the one-stage variant (16-head 16-bit caches only, <= 50 KB) at least two and
     at least the two-stage kernel's count, the decode-once fp8 variant (not in fp8_e4m3's 32-head
-    blocks at D = 512, whose main kernel decodes once) two at 16 heads (<= 49 KB) and one at 32, 0
-    elsewhere (bad arguments: test_ops_cpu)."""
+    blocks at D = 512, whose main kernel decodes once) two at 16 heads (<= 49 KB) and one at 32,
+    the paired-scores variant (16-head fp8_ds_mla at D = 576 only, 47,488 bytes) at least two and
+    at least the main kernel's count, 0 elsewhere (bad arguments: test_ops_cpu)."""
     for dtype in (torch.bfloat16, torch.float16):
         for kv in ("bfloat16", "float16", "fp8_e4m3", "fp8_ds_mla"):
             for head_size in (512, 576):
@@ -244,13 +246,19 @@ def test_fwd_blocks_per_sm():
                     assert decoded == [2, 0 if no_variant else 1], (dtype, kv, head_size, decoded)
                 else:
                     assert decoded == [0, 0], (dtype, kv, head_size, decoded)
+                paired = [ops.fwd_blocks_per_sm(dtype, kv, head_size, h, paired_scores=True) for h in (16, 32)]
+                if (kv, head_size) == ("fp8_ds_mla", 576):
+                    assert paired[0] >= max(2, sixteen) and paired[1] == 0, (dtype, kv, head_size, paired)
+                else:
+                    assert paired == [0, 0], (dtype, kv, head_size, paired)
     assert ops.fwd_blocks_per_sm(torch.float16, "fp8_e4m3", 512, 16) >= 2
 
 
 def test_sm120_occupancy_emulation(same_package_env):
     """SPARSE_MLA_SM120_OCCUPANCY=1 (launch_template.cuh): the planner's occupancies become an
     sm_120 SM's (16-head kernels: fp8_ds_mla at D = 576 of raw tiles, 52,608 bytes, one block, its
-    decode-once variant, 48,384 bytes, two; fp8_e4m3 at D = 512, 44,672 bytes, two, and its
+    paired-scores variant, 47,488 bytes, two, and its decode-once variant, 48,384 bytes, two;
+    fp8_e4m3 at D = 512, 44,672 bytes, two, and its
     decode-once variant two; bf16 at D = 576 and fp16 at D = 512 with two stages, 86,912 and 77,440
     bytes, one; their one-stage variants, 49,408 and 45,312 bytes, two), and every kernel class
     still launches, asking for about 2.3x its shared memory on an sm_90 (at most 221 KB), and gives
@@ -261,7 +269,8 @@ def test_sm120_occupancy_emulation(same_package_env):
     16-head grids of two blocks per SM with random topk_len and both q dtypes (one-stage too). The
     profiler must see the one-stage kernel run in a split launch (T 64) and an unsplit one. A fresh
     process, since the setting is read once. And the 16-head fp8_ds_mla D576 grid of two blocks per
-    SM must run the decode-once kernel (two per SM) there, not the kernel of raw tiles (one)."""
+    SM must run the paired-scores kernel of raw tiles there (api.h plan_fwd_splits), not the
+    decode-once one (which ran there before that variant) nor the main one."""
     probes = [(torch.float16, "fp8_ds_mla", 576, 16), (torch.float16, "fp8_e4m3", 512, 16),
               (torch.bfloat16, "bfloat16", 576, 16), (torch.float16, "float16", 512, 16)]
     normal = [ops.fwd_blocks_per_sm(*args) for args in probes]
@@ -272,6 +281,7 @@ def test_sm120_occupancy_emulation(same_package_env):
         f"occupancy = [ops.fwd_blocks_per_sm(*args) for args in {probes!r}]\n"
         f"occupancy += [ops.fwd_blocks_per_sm(*args, one_stage=True) for args in {probes!r}]\n"
         f"occupancy += [ops.fwd_blocks_per_sm(*args, decoded_fp8=True) for args in {probes!r}]\n"
+        f"occupancy += [ops.fwd_blocks_per_sm(*args, paired_scores=True) for args in {probes!r}]\n"
         "two_per_sm = 2 * torch.cuda.get_device_properties(0).multi_processor_count + 8\n"
         "shapes = [(h, t, k, 'none', 'bf16') for h in (16, 32) for t, k in ((3, 32), (1, 300), (64, 2048))]\n"
         "shapes += [(16, two_per_sm, 64, 'topk_len', q) for q in ('bf16', 'fp16')]\n"
@@ -286,13 +296,13 @@ def test_sm120_occupancy_emulation(same_package_env):
         "                                   kv_cache_dtype=kv), torch.device('cuda'))\n"
         "    return sorted({e.name for e in prof.events() if 'sparse_mla_' in e.name})\n"
         "split, unsplit = kernels(64, 2048), kernels(two_per_sm, 64)\n"
-        "one_stage = [any(', 1, 1, true>' in n for n in k) for k in (split, unsplit)]\n"
+        "one_stage = [any(', 1, 1, true, false>' in n for n in k) for k in (split, unsplit)]\n"
         "combined = any('combine' in n for n in split)\n"
         "ds_mla = kernels(two_per_sm, 64, 'fp8_ds_mla')\n"
-        "decoded = bool(ds_mla) and all(', 2, false>' in n for n in ds_mla)\n"
+        "paired = bool(ds_mla) and all(', 2, true, true>' in n for n in ds_mla)\n"
         "print('occupancy', occupancy, 'failed', bad, 'kernels', split, unsplit, ds_mla)\n"
-        "sys.exit(0 if occupancy == [1, 2, 1, 1, 0, 0, 2, 2, 2, 2, 0, 0] and not bad\n"
-        "         and one_stage == [True, True] and combined and decoded else 1)\n")
+        "sys.exit(0 if occupancy == [1, 2, 1, 1, 0, 0, 2, 2, 2, 2, 0, 0, 2, 0, 0, 0] and not bad\n"
+        "         and one_stage == [True, True] and combined and paired else 1)\n")
     run = subprocess.run([sys.executable, "-c", script], env=same_package_env(SPARSE_MLA_SM120_OCCUPANCY="1"),
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, f"without the setting {normal}; " + run.stdout[-3000:] + run.stderr[-3000:]

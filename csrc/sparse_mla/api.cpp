@@ -279,7 +279,7 @@ bool decoded_fp8_plan(int num_tokens, int num_heads, int head_groups, const Spli
 
 SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int head_groups, KvFormat format, int topk, int num_sms,
                           int64_t workspace_bytes, int blocks_per_sm, int one_stage_blocks_per_sm,
-                          int decoded_fp8_blocks_per_sm) {
+                          int decoded_fp8_blocks_per_sm, int paired_scores_blocks_per_sm) {
   const auto plan_at = [&](int occupancy) {
     return plan_splits(num_tokens, num_heads, head_groups, format, topk, num_sms, workspace_bytes, occupancy);
   };
@@ -289,6 +289,11 @@ SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int head_groups, KvForm
       plan.one_stage = true;
       return plan;
     }
+  }
+  if (variant_raises_occupancy(blocks_per_sm, paired_scores_blocks_per_sm)) {
+    SplitPlan plan = plan_at(paired_scores_blocks_per_sm);
+    plan.paired_scores = true;
+    return plan;
   }
   if (variant_raises_occupancy(blocks_per_sm, decoded_fp8_blocks_per_sm)) {
     SplitPlan plan = plan_at(decoded_fp8_blocks_per_sm);
@@ -458,17 +463,21 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
                               : plan_head_groups(p.num_tokens, p.num_heads, format, p.topk, num_sms, workspace_bytes,
                                                  main_blocks[0], main_blocks[1]);
   const int decoded_fp8_blocks = occupancy(head_groups, FwdVariant::kDecodedFp8);
-  // Before sm_89 every fp8 launch decodes once (decoded_fp8_plan): planned at that occupancy.
+  // Before sm_89 every fp8 launch decodes once (decoded_fp8_plan): planned at that occupancy, and
+  // the paired-scores variant of raw tiles never runs.
+  const bool software_fp8 = software_fp8_convert(sm_version);
   const SplitPlan split = plan_fwd_splits(
       p.num_tokens, p.num_heads, head_groups, format, p.topk, num_sms, workspace_bytes,
-      software_fp8_convert(sm_version) && decoded_fp8_blocks > 0 ? decoded_fp8_blocks : main_blocks[head_groups - 1],
-      occupancy(head_groups, FwdVariant::kOneStage), decoded_fp8_blocks);
+      software_fp8 && decoded_fp8_blocks > 0 ? decoded_fp8_blocks : main_blocks[head_groups - 1],
+      occupancy(head_groups, FwdVariant::kOneStage), decoded_fp8_blocks,
+      software_fp8 ? 0 : occupancy(head_groups, FwdVariant::kPairedScores));
   p.head_groups = head_groups;
   p.num_splits = split.num_splits;
   p.tiles_per_split = split.tiles_per_split;
   p.one_stage = split.one_stage;
   p.decoded_fp8 = is_fp8(format) && (split.decoded_fp8 || decoded_fp8_plan(p.num_tokens, p.num_heads, head_groups,
                                                                           split, num_sms, sm_version));
+  p.paired_scores = split.paired_scores && !p.decoded_fp8;
   p.combine_split_groups = combine_split_groups(p.num_tokens, p.num_heads, p.num_splits, num_sms);
   if (p.num_splits > 1) {
     float* ws = static_cast<float*>(const_cast<void*>(a.workspace.data));

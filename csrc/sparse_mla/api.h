@@ -82,6 +82,7 @@ struct SplitPlan {
   int tiles_per_split;
   bool one_stage = false;    // run the one-stage 16-head 16-bit kernel (plan_fwd_splits)
   bool decoded_fp8 = false;  // run the fp8 kernel that decodes each tile once (plan_fwd_splits)
+  bool paired_scores = false;  // run the paired-scores variant of raw fp8 tiles (plan_fwd_splits)
 };
 SplitPlan plan_splits(int num_tokens, int num_heads, int head_groups, KvFormat format, int topk, int num_sms,
                       int64_t workspace_bytes, int blocks_per_sm = 1);
@@ -168,14 +169,19 @@ constexpr int kOneStageMinTiles = 16;
 
 // The launch's split plan and kernel variant: where variant_raises_occupancy holds for the
 // one-stage variant and the plan at its occupancy passes one_stage_plan, that plan with
-// one_stage set; else where it holds for the decode-once fp8 variant (DecodedFp8;
-// decoded_fp8_blocks_per_sm, 0: none), the plan at that variant's occupancy with decoded_fp8 set
-// (with sm_120's occupancy on the H200, the 16-head fp8_ds_mla D576 kernel of raw tiles, one per
-// SM, ran 0.90-0.99x the decode-once one, two per SM; bench/NOTES.md v14); otherwise
-// plan_splits at the main kernel's occupancy. Every plan is plan_splits' for the cache's `format`.
+// one_stage set; else where it holds for the paired-scores variant of raw fp8 tiles
+// (kernel_traits.h PairedScores; paired_scores_blocks_per_sm, 0: none), the plan at its
+// occupancy with paired_scores set (with sm_120's occupancy on the H200, 16-head fp8_ds_mla at D
+// = 576: 1.17-1.27x the decode-once variant at T >= 64, both two per SM; bench/NOTES.md v22);
+// else where it holds for the decode-once fp8 variant (DecodedFp8; decoded_fp8_blocks_per_sm),
+// the plan at that variant's occupancy with decoded_fp8 set (with sm_120's occupancy, the 16-head
+// fp8_ds_mla D576 kernel of raw tiles, one per SM, ran 0.90-0.99x the decode-once one, two per
+// SM; v14); otherwise plan_splits at the main kernel's occupancy. Every plan is plan_splits' for
+// the cache's `format`. (plan_sparse_mla_fwd then runs the decode-once kernel instead of the
+// paired one where decoded_fp8_plan asks for it: one-wave grids.)
 SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int head_groups, KvFormat format, int topk, int num_sms,
                           int64_t workspace_bytes, int blocks_per_sm, int one_stage_blocks_per_sm,
-                          int decoded_fp8_blocks_per_sm = 0);
+                          int decoded_fp8_blocks_per_sm = 0, int paired_scores_blocks_per_sm = 0);
 
 // Whether an fp8 launch of `plan` should run the kernel variant that decodes each tile once into
 // shared memory (kernel_traits.h DecodedFp8) rather than per MMA fragment: the grid is one

@@ -27,7 +27,8 @@ constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 // once its softmax was shared; bench/NOTES.md).
 template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2,
           bool kFp8RawTiles_ = !is_fp8(kFormat_) || kHeadGroups_ == 1 || kHeadDim_ == kHeadSizeRoPE ||
-                               kFormat_ == KvFormat::kFp8DsMla>
+                               kFormat_ == KvFormat::kFp8DsMla,
+          bool kPairedScores_ = false>
 struct SparseMlaFwdTraits {
   using QElement = QElement_;
   static constexpr KvFormat kFormat = kFormat_;
@@ -146,8 +147,26 @@ struct SparseMlaFwdTraits {
   // Shared memory per stage (tile, valid flags, decoded fp8_ds_mla's scales) and the rest.
   static constexpr bool kScaleBuffer = kDsMla && !kRawFp8;
   static constexpr int kSmemPerStage = kSmemKVStageBytes + kBlockN * 4 + (kScaleBuffer ? kBlockN * 4 * 4 : 0);
-  static constexpr int kSmemUnstaged = kNumWarps * kSmemSPartElems * 4 + kHeadGroups * kPBuffers * kSmemPBufferElems * 2 +
-                                       2 * kBlockH * 4;
+  // Partial-score buffers per head group: one per warp; or, in the PairedScores variant, one per
+  // pair of warps: warps 2 and 3 add theirs into warps 0 and 1's behind one more head-group
+  // barrier per tile, so the softmax reads two partial sums. The variant exists where that alone
+  // lets a 16-head block of copied tiles share an sm_120 SM with a second one: fp8_ds_mla's raw
+  // tiles at D = 576, 52,608 bytes, 47,488 paired, which api.h plan_fwd_splits runs where it
+  // raises the occupancy (at sm_120's occupancy 1.17-1.27x the decode-once kernel at T >= 64, 16
+  // heads; on the H200, where the main kernel holds two blocks per SM too, 0.96-0.98x of it;
+  // bench/NOTES.md v22).
+  static constexpr int kSmemSPartBytes = kSmemSPartElems * 4;
+  static constexpr int kSmemTwoPerSm120Bytes = kSm120SmemPerSm / 2 - kSmemReservedPerBlock;
+  static constexpr int kSmemOnePerWarpBytes = kNumWarps * kSmemSPartBytes + kHeadGroups * kPBuffers * kSmemPBufferElems * 2 +
+                                              2 * kBlockH * 4 + kCopyStages_ * kSmemPerStage;
+  static constexpr bool kHasPairedScoresVariant =
+      !kPairedScores_ && kDirectCopy && kHeadGroups == 1 && kSmemOnePerWarpBytes > kSmemTwoPerSm120Bytes &&
+      kSmemOnePerWarpBytes - kNumWarps / 2 * kSmemSPartBytes <= kSmemTwoPerSm120Bytes;
+  static constexpr bool kPairedScores = kPairedScores_;
+  static_assert(!kPairedScores || (kDirectCopy && kHeadGroups == 1), "paired partial scores: 16-head copied tiles");
+  static constexpr int kSBuffersPerGroup = kPairedScores ? kWarpsPerGroup / 2 : kWarpsPerGroup;
+  static constexpr int kSmemUnstaged = kHeadGroups * kSBuffersPerGroup * kSmemSPartBytes +
+                                       kHeadGroups * kPBuffers * kSmemPBufferElems * 2 + 2 * kBlockH * 4;
   static constexpr int kStages =
       kDirectCopy ? kCopyStages_ : (kHeadGroups == 2 && kSmemUnstaged + 2 * kSmemPerStage <= kSmemBudgetBytes) ? 2 : 1;
   // A 16-head 16-bit block of one stage (86.9 KB at D = 576 with two: one per sm_120 SM; 49.4 KB
@@ -158,10 +177,11 @@ struct SparseMlaFwdTraits {
   static constexpr bool kHasDecodedFp8Variant = kRawFp8;
   static_assert(kFp8RawTiles_ || is_fp8(kFormat));
   using DecodedFp8 = SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, kCopyStages_, false>;
+  using PairedScores = SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, kCopyStages_, kFp8RawTiles_, true>;
 
   static constexpr int kSmemKVOffset = 0;
-  static constexpr int kSmemSOffset = kSmemKVOffset + kStages * kSmemKVStageBytes;  // [g][w][16][pitch]
-  static constexpr int kSmemPOffset = kSmemSOffset + kNumWarps * kSmemSPartElems * 4;  // [g][buffer][16][pitch]
+  static constexpr int kSmemSOffset = kSmemKVOffset + kStages * kSmemKVStageBytes;  // [g][buffer][16][pitch]
+  static constexpr int kSmemPOffset = kSmemSOffset + kHeadGroups * kSBuffersPerGroup * kSmemSPartBytes;  // [g][buffer][16][pitch]
   static constexpr int kSmemStatsOffset = kSmemPOffset + kHeadGroups * kPBuffers * kSmemPBufferElems * 2;
   static constexpr int kSmemValidOffset = kSmemStatsOffset + 2 * kBlockH * 4;  // alpha, l
   static constexpr int kSmemScaleOffset = kSmemValidOffset + kStages * kBlockN * 4;  // [stage][row][4]

@@ -131,6 +131,9 @@ cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream)
   if constexpr (Traits::kHasDecodedFp8Variant) {
     if (p.decoded_fp8) return launch_fwd<typename Traits::DecodedFp8>(p, stream);
   }
+  if constexpr (Traits::kHasPairedScoresVariant) {
+    if (p.paired_scores) return launch_fwd<typename Traits::PairedScores>(p, stream);
+  }
   return launch_fwd<Traits>(p, stream);
 }
 
@@ -141,6 +144,9 @@ int sparse_mla_fwd_blocks_per_sm(FwdVariant variant) {
   }
   if constexpr (Traits::kHasDecodedFp8Variant) {
     if (variant == FwdVariant::kDecodedFp8) return blocks_per_sm_of<typename Traits::DecodedFp8>();
+  }
+  if constexpr (Traits::kHasPairedScoresVariant) {
+    if (variant == FwdVariant::kPairedScores) return blocks_per_sm_of<typename Traits::PairedScores>();
   }
   return variant == FwdVariant::kMain ? blocks_per_sm_of<Traits>() : 0;
 }

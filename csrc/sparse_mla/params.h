@@ -56,6 +56,9 @@ struct SparseMlaFwdParams {
   // fp8 caches: run the variant that decodes each tile once into shared memory instead of the one
   // with raw tiles (kernel_traits.h DecodedFp8; api.h decoded_fp8_plan). Read by the launch only.
   bool decoded_fp8;
+  // Run the variant whose partial scores take one buffer per pair of warps (kernel_traits.h
+  // PairedScores; api.h plan_fwd_splits). Read by the launch only.
+  bool paired_scores;
 };
 
 // Splits of the top-k axis per launch, at most (api.h plan_splits; the combine kernel's lse
@@ -80,7 +83,8 @@ constexpr int combine_decode_loads(int num_splits) {
 }
 
 // A kernel of one configuration: its main kernel, or one of the variants the planner may pick
-// (kernel_traits.h OneStage for 16-head 16-bit caches, DecodedFp8 for fp8 caches).
-enum class FwdVariant : int { kMain = 0, kOneStage = 1, kDecodedFp8 = 2 };
+// (kernel_traits.h OneStage for 16-head 16-bit caches, DecodedFp8 for fp8 caches, PairedScores
+// for 16-head fp8_ds_mla at D = 576).
+enum class FwdVariant : int { kMain = 0, kOneStage = 1, kDecodedFp8 = 2, kPairedScores = 3 };
 
 }  // namespace sparse_mla

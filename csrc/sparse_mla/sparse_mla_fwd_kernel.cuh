@@ -99,11 +99,12 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   constexpr int kSteps = Traits::kStepsPerWarp;
   constexpr int kLatentSteps = Traits::kLatentStepsPerWarp;
   constexpr int kWpg = Traits::kWarpsPerGroup;
+  constexpr int kSBuf = Traits::kSBuffersPerGroup;
 
   extern __shared__ __align__(128) uint8_t smem[];
   Element* sKV = reinterpret_cast<Element*>(smem + Traits::kSmemKVOffset);  // 16-bit or decoded fp8 tiles
   uint8_t* sKV_raw = smem + Traits::kSmemKVOffset;  // [stage][kBlockN][kSmemRowBytes], any format
-  float* sS = reinterpret_cast<float*>(smem + Traits::kSmemSOffset);      // [g][w][16][pitch]
+  float* sS = reinterpret_cast<float*>(smem + Traits::kSmemSOffset);      // [g][buffer][16][pitch]
   Element* sP = reinterpret_cast<Element*>(smem + Traits::kSmemPOffset);  // [g][buffer][16][pitch]
   float* sAlpha = reinterpret_cast<float*>(smem + Traits::kSmemStatsOffset);
   float* sL = sAlpha + kBlockH;
@@ -373,7 +374,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           for (int i = 0; i < 4; ++i) acc_s[nt][i] += acc_s_odd[nt][i];
         }
       }
-      float* s_out = sS + warp * Traits::kSmemSPartElems + (lane / 4) * Traits::kSPitch + (lane % 4) * 2;
+      // Partial-score buffer of warp wq (kPairedScores: of warps wq and wq + 2).
+      float* s_out = sS + (Traits::kPairedScores ? grp * kSBuf + wq % kSBuf : warp) * Traits::kSmemSPartElems +
+                     (lane / 4) * Traits::kSPitch + (lane % 4) * 2;
+      const bool adds_to_pair = Traits::kPairedScores && wq >= kSBuf;
       if constexpr (Traits::kDsMla) {
         // The norm of this warp's P (see kernel_traits.h) for the tile: lane r holds row r's
         // scale of tile wq.
@@ -395,18 +399,34 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           acc_s[nt][2] = sc0 * acc_s[nt][2] + acc_rope[nt][2];
           acc_s[nt][3] = sc1 * acc_s[nt][3] + acc_rope[nt][3];
         }
-        *reinterpret_cast<float2*>(s_out + nt * 8) = make_float2(acc_s[nt][0], acc_s[nt][1]);
-        *reinterpret_cast<float2*>(s_out + 8 * Traits::kSPitch + nt * 8) = make_float2(acc_s[nt][2], acc_s[nt][3]);
+        if (!adds_to_pair) {
+          *reinterpret_cast<float2*>(s_out + nt * 8) = make_float2(acc_s[nt][0], acc_s[nt][1]);
+          *reinterpret_cast<float2*>(s_out + 8 * Traits::kSPitch + nt * 8) = make_float2(acc_s[nt][2], acc_s[nt][3]);
+        }
+      }
+      if constexpr (Traits::kPairedScores) {
+        head_group_sync<Traits::kHeadGroups>(grp);  // warps 0 and 1's partial scores written
+        if (adds_to_pair) {
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+              float2* s_pair = reinterpret_cast<float2*>(s_out + hf * 8 * Traits::kSPitch + nt * 8);
+              const float2 v = *s_pair;
+              *s_pair = make_float2(v.x + acc_s[nt][2 * hf], v.y + acc_s[nt][2 * hf + 1]);
+            }
+          }
+        }
       }
     }
     head_group_sync<Traits::kHeadGroups>(grp);
 
     // 2. Online softmax over the tile.
     {
-      float* s_in = sS + (sm_g * kWpg) * Traits::kSmemSPartElems + (sm_h % 16) * Traits::kSPitch + sm_k;
+      float* s_in = sS + (sm_g * kSBuf) * Traits::kSmemSPartElems + (sm_h % 16) * Traits::kSPitch + sm_k;
       float x[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int w = 0; w < kWpg; ++w) {
+      for (int w = 0; w < kSBuf; ++w) {
         const float4 s4 = *reinterpret_cast<const float4*>(s_in + w * Traits::kSmemSPartElems);
         x[0] += s4.x;
         x[1] += s4.y;
@@ -490,7 +510,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         // This warp's P = p * (its column tile's key scales) / norm, built as the A fragments of
         // P V's k-steps (FlashAttention-2): (a0, a1, a2, a3) = rows (r, r + 8) x keys (2j, 2j + 8)
         // of k-step kk, r = lane / 4, j = lane % 4, which are the keys of key_scale.
-        const float* p_in = sS + (grp * kWpg) * Traits::kSmemSPartElems + (lane / 4) * Traits::kSPitch + (lane % 4) * 2;
+        const float* p_in = sS + (grp * kSBuf) * Traits::kSmemSPartElems + (lane / 4) * Traits::kSPitch + (lane % 4) * 2;
         const float inv_norm = pow2_reciprocal(ds_norm);
 #pragma unroll
         for (int kk = 0; kk < kBlockN / 16; ++kk) {

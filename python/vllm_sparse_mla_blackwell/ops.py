@@ -116,7 +116,7 @@ def unsupported_device_reason(capability: tuple[int, int]) -> str | None:
 
 def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, num_heads: int,
                       device: torch.device | str | int | None = None, *, one_stage: bool = False,
-                      decoded_fp8: bool = False) -> int:
+                      decoded_fp8: bool = False, paired_scores: bool = False) -> int:
     """Blocks of the forward kernel one SM of ``device`` (default: the current CUDA device) holds
     at once, as the CUDA occupancy calculator gives it for the kernel configuration of q/out
     ``dtype`` (``torch.bfloat16`` or ``torch.float16``), ``kv_cache_dtype`` (``"bfloat16"``,
@@ -127,15 +127,19 @@ def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, n
     that kernel keeps its tiles raw in shared memory. With ``one_stage``, the count of the
     configuration's one-stage variant (16-head 16-bit caches only); with ``decoded_fp8``, that of
     its variant that decodes each tile once (fp8 caches, but not fp8_e4m3's 32-head blocks at
-    D = 512, which always decode once); 0 where the configuration has no such variant. The split
-    planner plans with these counts: a launch runs a variant where an SM holds one block of the main kernel but
-    two of the variant (for the one-stage one, where the plan suits it), the decode-once one also
-    in grids of one wave and before sm_89 (csrc/sparse_mla/api.h ``plan_fwd_splits``,
+    D = 512, which always decode once); with ``paired_scores``, that of its variant whose warps
+    share partial-score buffers in pairs (16-head fp8_ds_mla at D = 576 only: 47,488 instead of
+    52,608 bytes of shared memory, two blocks per sm_120 SM); 0 where the configuration has no
+    such variant. The split planner plans with these counts: a launch runs a variant where an SM
+    holds one block of the main kernel but two of the variant (for the one-stage one, where the
+    plan suits it; the paired-scores one before the decode-once one), the decode-once one also in
+    grids of one wave and before sm_89 (csrc/sparse_mla/api.h ``plan_fwd_splits``,
     ``decoded_fp8_plan``). With ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the environment of the
     process, the counts an sm_120 SM would give (README). Raises ``ValueError`` for any other
-    value or both variants at once, and ``RuntimeError`` without the op library."""
+    value or more than one variant at once, and ``RuntimeError`` without the op library."""
     device = _cuda_device(device)
-    return int(_ops().fwd_blocks_per_sm(dtype, kv_cache_dtype, head_size, num_heads, device, one_stage, decoded_fp8))
+    return int(_ops().fwd_blocks_per_sm(dtype, kv_cache_dtype, head_size, num_heads, device, one_stage, decoded_fp8,
+                                        paired_scores))
 
 
 def _cuda_device(device: torch.device | str | int | None) -> torch.device:

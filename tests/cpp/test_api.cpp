@@ -362,9 +362,9 @@ TEST(SplitPlan, OneStagePlanOnlyWhereItDoublesTheBlocksPerSm) {
 
 // sm_120's occupancies as launch.h fwd_blocks_per_sm reports them: 16-head 16-bit kernels one
 // two-stage block per SM and two one-stage ones; 16-head fp8 kernels two of raw tiles and two
-// decode-once ones, but fp8_ds_mla at D = 576 one of raw tiles; the other configurations one
-// block, and one of the decode-once variant but for fp8_e4m3's 32-head D = 512 kernel, which has
-// none (0).
+// decode-once ones, but fp8_ds_mla at D = 576 one of raw tiles and two of its paired-scores
+// variant; the other configurations one block, and one of the decode-once variant but for
+// fp8_e4m3's 32-head D = 512 kernel, which has none (0).
 int sm120_like_blocks_per_sm(DType, KvFormat format, int head_size, int head_groups, FwdVariant variant) {
   const bool sixteen = head_groups == 1;
   const bool bits16 = format == KvFormat::kBFloat16 || format == KvFormat::kFloat16;
@@ -372,6 +372,7 @@ int sm120_like_blocks_per_sm(DType, KvFormat format, int head_size, int head_gro
     case FwdVariant::kOneStage: return sixteen && bits16 ? 2 : 0;
     case FwdVariant::kDecodedFp8:
       return bits16 || (!sixteen && head_size == 512 && format == KvFormat::kFp8E4m3) ? 0 : sixteen ? 2 : 1;
+    case FwdVariant::kPairedScores: return sixteen && format == KvFormat::kFp8DsMla && head_size == 576 ? 2 : 0;
     default: return sixteen && !bits16 && !(format == KvFormat::kFp8DsMla && head_size == 576) ? 2 : 1;
   }
 }
@@ -396,8 +397,8 @@ TEST(SplitPlan, LaunchPlanCarriesTheKernelVariant) {
 
 TEST(SplitPlan, DecodedFp8KernelWhereItDoublesTheBlocksPerSm) {
   const int64_t ws = workspace_size(170);
-  // One block of raw tiles per SM, two decode-once ones (sm_120, 16-head fp8_ds_mla at D = 576):
-  // the decode-once kernel at its occupancy, whatever the grid.
+  // One block of raw tiles per SM, two decode-once ones, no paired-scores variant: the
+  // decode-once kernel at its occupancy, whatever the grid.
   for (int T : {1, 16, 32, 64, 1024}) {  // T = 32: 5 x 13 tiles at one block per SM, 8 x 8 at two
     const SplitPlan p = plan_fwd_splits(T, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, 1, 0, 2);
     const SplitPlan want = plan_splits(T, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, 2);
@@ -422,11 +423,38 @@ TEST(SplitPlan, DecodedFp8KernelWhereItDoublesTheBlocksPerSm) {
     a.kv_cache_dtype = kv_cache_dtype;
     return plan_sparse_mla_fwd(a, true, 170, &sm120_like_blocks_per_sm, 120).params.decoded_fp8;
   };
-  EXPECT_TRUE(decoded("fp8_ds_mla", 576, 1024, 16));
+  EXPECT_FALSE(decoded("fp8_ds_mla", 576, 1024, 16));  // two of the paired-scores variant (below)
   EXPECT_FALSE(decoded("fp8_ds_mla", 512, 1024, 16));  // two of raw tiles fit
+  EXPECT_TRUE(decoded("fp8_ds_mla", 576, 16, 16));     // one wave (decoded_fp8_plan)
   EXPECT_FALSE(decoded("fp8_ds_mla", 576, 1024, 32));  // one block per SM either way
   EXPECT_FALSE(decoded("fp8_e4m3", 576, 1024, 16));
   EXPECT_TRUE(decoded("fp8_e4m3", 576, 16, 16));       // one wave (decoded_fp8_plan)
+}
+
+TEST(SplitPlan, PairedScoresVariantWhereItDoublesTheBlocksPerSm) {
+  const int64_t ws = workspace_size(170);
+  // One block of raw tiles per SM, two of the paired-scores variant and two decode-once ones
+  // (sm_120, 16-head fp8_ds_mla at D = 576): the paired one at its occupancy.
+  for (int T : {1, 16, 64, 1024}) {
+    const SplitPlan p = plan_fwd_splits(T, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, 1, 0, 2, 2);
+    const SplitPlan want = plan_splits(T, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, 2);
+    EXPECT_TRUE(p.paired_scores && !p.decoded_fp8 && !p.one_stage) << T;
+    EXPECT_EQ(p.num_splits, want.num_splits) << T;
+    EXPECT_EQ(p.tiles_per_split, want.tiles_per_split) << T;
+  }
+  // Where the main kernel holds two blocks (the H200), it runs.
+  EXPECT_FALSE(plan_fwd_splits(64, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 132, ws, 2, 0, 2, 2).paired_scores);
+  // Through the launch plan (an RTX 5090's 170 SMs, sm_120): paired at T = 1024; the decode-once
+  // kernel in a grid of one wave (decoded_fp8_plan), and before sm_89.
+  auto plan = [](int64_t T, int sm_version) {
+    SparseMlaFwdArgs a = good_args(T, 16, 576);
+    a.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 656}, 1);
+    a.kv_cache_dtype = "fp8_ds_mla";
+    return plan_sparse_mla_fwd(a, true, 170, &sm120_like_blocks_per_sm, sm_version).params;
+  };
+  EXPECT_TRUE(plan(1024, 120).paired_scores && !plan(1024, 120).decoded_fp8);
+  EXPECT_TRUE(!plan(16, 120).paired_scores && plan(16, 120).decoded_fp8);
+  EXPECT_TRUE(!plan(1024, 86).paired_scores && plan(1024, 86).decoded_fp8);
 }
 
 // An SM of an sm_86-like GPU holding two 16-head fp8 blocks of raw tiles but one decode-once block.
@@ -587,7 +615,7 @@ TEST(HeadGroups, SplitsAndVariantsFollowThePlannedBlocks) {
   ds_mla.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 656}, 1);
   ds_mla.kv_cache_dtype = "fp8_ds_mla";
   ds_mla.block_heads = 16;
-  EXPECT_TRUE(plan_sparse_mla_fwd(ds_mla, true, 132, &sm120_like_blocks_per_sm).params.decoded_fp8);
+  EXPECT_TRUE(plan_sparse_mla_fwd(ds_mla, true, 132, &sm120_like_blocks_per_sm).params.paired_scores);
 }
 
 TEST(HeadGroups, BlockHeadsTakesSixteenOrThirtyTwo) {

@@ -24,10 +24,13 @@ void expect_stages(int stages_16_heads, int stages_32_heads) {
   EXPECT_EQ(Group2::kStages, stages_32_heads) << "32 heads, D " << kHeadDim << ", format " << static_cast<int>(kFormat);
   if constexpr (kFormat == KvFormat::kFp8E4m3 || kFormat == KvFormat::kFp8DsMla) {
     // Two 16-head fp8 blocks share an sm_120 SM, with two stages of raw tiles (but fp8_ds_mla
-    // at D = 576, 52,608 bytes) or one decoded stage (decoded ones stay at one: with two, one
-    // block, 0.64-0.96x, bench/NOTES.md v11).
+    // at D = 576, 52,608 bytes, and its paired-scores variant, 47,488) or one decoded stage
+    // (decoded ones stay at one: with two, one block, 0.64-0.96x, bench/NOTES.md v11).
     const bool raw_fits = !(kFormat == KvFormat::kFp8DsMla && kHeadDim == kHeadSizeRoPE);
     EXPECT_EQ(sm120_blocks_by_smem<Group1>(), raw_fits ? 2 : 1) << "D " << kHeadDim;
+    EXPECT_EQ(Group1::kHasPairedScoresVariant, !raw_fits) << "D " << kHeadDim;
+    if constexpr (Group1::kHasPairedScoresVariant)
+      EXPECT_EQ(sm120_blocks_by_smem<typename Group1::PairedScores>(), 2) << "D " << kHeadDim;
     EXPECT_EQ(sm120_blocks_by_smem<typename Group1::DecodedFp8>(), 2) << "D " << kHeadDim;
   }
 }
@@ -73,6 +76,20 @@ TEST(KernelTraits, Fp8DsMlaTilesStayRawAsStored) {
   EXPECT_EQ(DsMla512::kSmemRowBytes, kDsMlaRopeOffset);
   EXPECT_EQ(DsMla512::kGatherRowBytes, kDsMlaRopeOffset);
   EXPECT_EQ(DsMla576::kSmemBytes, 52608);
+  // Its paired-scores variant: two stages of 656-byte rows (41,984 bytes), two partial-score
+  // buffers instead of four (one per pair of warps, 5,120 bytes), the softmax statistics and the
+  // valid flags: 47,488 bytes, two blocks per sm_120 SM.
+  using Paired = DsMla576::PairedScores;
+  static_assert(DsMla576::kHasPairedScoresVariant && !DsMla576::kPairedScores && DsMla576::kSBuffersPerGroup == 4);
+  static_assert(Paired::kPairedScores && !Paired::kHasPairedScoresVariant && Paired::kSBuffersPerGroup == 2);
+  static_assert(Paired::kRawFp8 && Paired::kStages == 2);
+  EXPECT_EQ(Paired::kSmemBytes, 47488);
+  // No other configuration has it (the decode-once variant, 32-head blocks, D = 512, 16-bit).
+  static_assert(!DsMla576::DecodedFp8::kHasPairedScoresVariant && !DsMla512::kHasPairedScoresVariant);
+  static_assert(!SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 2>::kHasPairedScoresVariant);
+  static_assert(!SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 576, 1>::kHasPairedScoresVariant);
+  static_assert(!SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, 576, 1>::kHasPairedScoresVariant);
+  static_assert(!SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, 576, 1>::OneStage::kHasPairedScoresVariant);
   static_assert(SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 2>::kRawFp8);
   // Unlike fp8_e4m3's, its 32-head blocks at D = 512 keep tiles raw too (bench/NOTES.md v15).
   using DsMlaGlm32 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 512, 2>;
