@@ -1,0 +1,11 @@
+set -x
+date -u
+git log --oneline -1 2>/dev/null; git status --short | head -5
+GLM53_ARCHS=90 timeout 200 python -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -3
+timeout 120 python -m vllm_sparse_mla_blackwell verify --json $OUT/verify_final.json 2>&1 | tail -3
+timeout 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_gpu.py 2>&1 | tail -2
+timeout 90 compute-sanitizer --tool memcheck python -m vllm_sparse_mla_blackwell verify --quick 2>&1 | tail -2
+date -u
+SPARSE_MLA_SM120_OCCUPANCY=1 timeout 200 python -m vllm_sparse_mla_blackwell bench --no-naive --models DeepSeek-V3.2 --tokens 64,1024,4096 --json $OUT/bench_sm120_occupancy.json --png $OUT/bench_sm120_occupancy.png > $OUT/bench_sm120_occupancy.txt 2>&1; echo "bench rc $?"
+tail -40 $OUT/bench_sm120_occupancy.txt
+date -u
