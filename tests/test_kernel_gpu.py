@@ -191,7 +191,8 @@ def test_fp8_raw_and_decoded_tile_kernels(head_size, num_heads, block_heads, kv_
     more blocks than SMs, and the DecodedFp8 variant (each tile decoded once) in grids of one wave
     (api.h decoded_fp8_plan), always in fp8_e4m3's 32-head blocks at D = 512 (kernel_traits.h), on
     GPUs before sm_89, and for 16-head fp8_ds_mla at D = 576 where an SM holds two decode-once blocks
-    but one of raw tiles (plan_fwd_splits): the profiler must see each where it is planned, both
+    but one of raw tiles and fewer than two of the paired-scores variant of raw tiles, which runs
+    before it (plan_fwd_splits): the profiler must see each where it is planned, both
     with right values under random masks and topk_len, q strided or split. The one-wave launches
     have two tiles (topk 64: unsplit, T x head blocks <= 28 blocks), the others 2 x SMs tokens of
     16 tiles; all unsplit, so 64 heads run 32-head blocks where forced or where an SM holds one
@@ -206,7 +207,9 @@ def test_fp8_raw_and_decoded_tile_kernels(head_size, num_heads, block_heads, kv_
                  and (props.major, props.minor) >= (8, 9))
     occupancy = [ops.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, bh, decoded_fp8=decoded)
                  for decoded in (False, True)]
-    raw_tiles = raw_tiles and not (occupancy[0] < 2 <= occupancy[1])  # api.h variant_raises_occupancy
+    paired = ops.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, bh, paired_scores=True)
+    # api.h variant_raises_occupancy: the paired-scores variant first, then the decode-once one.
+    raw_tiles = raw_tiles and not (occupancy[0] < 2 <= occupancy[1] and paired < 2)
     for num_tokens, topk, raw in ((1, 64, False), (7, 64, False), (2 * sms, 512, raw_tiles)):
         for masking in ("random", "topk_len"):
             case = Case(head_size=head_size, num_heads=num_heads, topk=topk, num_tokens=num_tokens,

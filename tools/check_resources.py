@@ -60,6 +60,7 @@ def short_name(demangled: str) -> tuple[str, int]:
     if m:
         dyn = int(m.group(3))
         parts = m.group(2).replace("__nv_bfloat16", "bf16").replace("__half", "fp16").split(", ")
+        paired = parts.pop() if len(parts) == 7 else "false"  # partial scores paired (a variant)
         raw_fp8 = parts.pop() if len(parts) == 6 else "true"  # fp8 tiles raw in shared memory
         copy_stages = parts.pop() if len(parts) == 5 else "2"  # cp.async stages of 16-bit caches
         if len(parts) == 4:  # q dtype, cache, D, head groups
@@ -68,6 +69,8 @@ def short_name(demangled: str) -> tuple[str, int]:
             parts.append("one stage")
         if raw_fp8 == "false":
             parts.append("decoded tiles")
+        if paired == "true":
+            parts.append("paired scores")
         name = f"fwd<{', '.join(parts)}>"
     else:
         name = re.sub(r"^void ", "", name[: name.rfind("(")]).replace("__nv_bfloat16", "bf16").replace("__half", "fp16")

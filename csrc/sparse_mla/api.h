@@ -150,9 +150,10 @@ int combine_split_groups(int num_tokens, int num_heads, int num_splits, int num_
 
 // Whether an SM holds one block of a configuration's main kernel but two or more of its
 // variant: the one-stage 16-head 16-bit kernels (kernel_traits.h OneStage) on sm_120 / sm_121
-// and sm_86 / sm_89 (100 KB per SM), sm_80 (164 KB, unmeasured there); the decode-once 16-head
-// fp8_ds_mla kernel at D = 576 (DecodedFp8, 48 KB against 53 KB of raw tiles) on those with
-// 100 KB. Not on the H200, which holds two blocks of every 16-head main kernel.
+// and sm_86 / sm_89 (100 KB per SM), sm_80 (164 KB, unmeasured there); the paired-scores and
+// decode-once 16-head fp8_ds_mla kernels at D = 576 (PairedScores, 47 KB, and DecodedFp8, 48 KB,
+// against 53 KB of raw tiles) on those with 100 KB. Not on the H200, which holds two blocks of
+// every 16-head main kernel.
 constexpr bool variant_raises_occupancy(int blocks_per_sm, int variant_blocks_per_sm) {
   return blocks_per_sm < 2 && variant_blocks_per_sm >= 2;
 }

@@ -24,7 +24,8 @@ constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 // stay raw in shared memory (false for the decode-once variant that api.h plan_fwd_splits and
 // decoded_fp8_plan pick, and always for fp8_e4m3's 32-head blocks at D = 512, which ran
 // 0.94-1.00x with raw tiles on the H200, v13; fp8_ds_mla's, 0.98x in v14, ran 1.03-1.04x in v15
-// once its softmax was shared; bench/NOTES.md).
+// once its softmax was shared; bench/NOTES.md). kPairedScores: the PairedScores variant below
+// (partial scores in one buffer per pair of warps), which plan_fwd_splits picks.
 template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2,
           bool kFp8RawTiles_ = !is_fp8(kFormat_) || kHeadGroups_ == 1 || kHeadDim_ == kHeadSizeRoPE ||
                                kFormat_ == KvFormat::kFp8DsMla,

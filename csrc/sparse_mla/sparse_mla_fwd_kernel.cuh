@@ -4,7 +4,8 @@
 // they share are read from DRAM once and from L2 after), y = split of the top-k axis.
 // Per KV tile of kBlockN gathered rows (see kernel_traits.h for the warp roles):
 //   1. S = Q K^T      each warp: 16 heads x 32 rows over a quarter of D, Q from registers.
-//   2. online softmax 8 threads per head sum the 4 partial scores of 4 rows (base 2, fp32);
+//   2. online softmax 8 threads per head sum the 4 partial scores of 4 rows (base 2, fp32;
+//                     2 in the PairedScores variant, whose warps 2-3 add theirs into 0-1's);
 //                     P is written for phase 3 (fp8_ds_mla: p in fp32, see kRegisterP).
 //   3. O += P V       each warp: 16 heads x 128 columns, K-dim = 32 rows, V = the first 512
 //                     columns of the same shared tile.
@@ -279,7 +280,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   for (int n = 0; n < Traits::kDvPerWarp / 8; ++n) acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.f;
 
   // Per tile: barrier (tile landed; every warp is past the previous tile, so its stage, sS and
-  // sP are free), S, barrier, softmax, barrier, P V. With two stages one tile is in
+  // sP are free), S, barrier (PairedScores: two, the pairs' sums between), softmax, barrier,
+  // P V. With two stages one tile is in
   // flight while one is computed; with one (fp8 register path: the next tile waits in registers;
   // 16-bit: the one-stage variant) the stage is refilled behind one more barrier.
   for (int it = 0; it < num_tiles; ++it) {

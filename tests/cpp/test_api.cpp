@@ -435,7 +435,7 @@ TEST(SplitPlan, PairedScoresVariantWhereItDoublesTheBlocksPerSm) {
   const int64_t ws = workspace_size(170);
   // One block of raw tiles per SM, two of the paired-scores variant and two decode-once ones
   // (sm_120, 16-head fp8_ds_mla at D = 576): the paired one at its occupancy.
-  for (int T : {1, 16, 64, 1024}) {
+  for (int T : {1, 16, 32, 64, 1024}) {  // T = 32: 5 x 13 tiles at one block per SM, 8 x 8 at two
     const SplitPlan p = plan_fwd_splits(T, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, 1, 0, 2, 2);
     const SplitPlan want = plan_splits(T, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, 2);
     EXPECT_TRUE(p.paired_scores && !p.decoded_fp8 && !p.one_stage) << T;
