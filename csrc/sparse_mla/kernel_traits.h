@@ -154,7 +154,7 @@ struct SparseMlaFwdTraits {
   // lets a 16-head block of copied tiles share an sm_120 SM with a second one: fp8_ds_mla's raw
   // tiles at D = 576, 52,608 bytes, 47,488 paired, which api.h plan_fwd_splits runs where it
   // raises the occupancy (at sm_120's occupancy 1.17-1.27x the decode-once kernel at T >= 64, 16
-  // heads; on the H200, where the main kernel holds two blocks per SM too, 0.96-0.98x of it;
+  // heads; on the H200, where the main kernel holds two blocks per SM too, 0.96-0.98x the main one;
   // bench/NOTES.md v22).
   static constexpr int kSmemSPartBytes = kSmemSPartElems * 4;
   static constexpr int kSmemTwoPerSm120Bytes = kSm120SmemPerSm / 2 - kSmemReservedPerBlock;
