@@ -147,7 +147,8 @@ def _fwd_kernel_configs(prof) -> set[tuple[int, int, str]]:
     names of its traits' template arguments (kernel_traits.h SparseMlaFwdTraits; the last,
     kPairedScores, is not returned)."""
     names = [e.name for e in prof.events() if "sparse_mla_fwd_kernel" in e.name]
-    found = [re.search(r"SparseMlaFwdTraits<.*?, (512|576), ([12]), \d+, (true|false), (?:true|false)>", n) for n in names]
+    pattern = r"SparseMlaFwdTraits<.*?, (512|576), ([12]), \d+, (true|false), (?:true|false)>"
+    found = [re.search(pattern, n) for n in names]
     assert names and all(found), names
     return {(int(m[1]), int(m[2]), m[3]) for m in found}
 
@@ -261,9 +262,9 @@ def test_sm120_occupancy_emulation(same_package_env):
     """SPARSE_MLA_SM120_OCCUPANCY=1 (launch_template.cuh): the planner's occupancies become an
     sm_120 SM's (16-head kernels: fp8_ds_mla at D = 576 of raw tiles, 52,608 bytes, one block, its
     paired-scores variant, 47,488 bytes, two, and its decode-once variant, 48,384 bytes, two;
-    fp8_e4m3 at D = 512, 44,672 bytes, two, and its
-    decode-once variant two; bf16 at D = 576 and fp16 at D = 512 with two stages, 86,912 and 77,440
-    bytes, one; their one-stage variants, 49,408 and 45,312 bytes, two), and every kernel class
+    fp8_e4m3 at D = 512, 44,672 bytes, two, and its decode-once variant two; bf16 at D = 576 and
+    fp16 at D = 512 with two stages, 86,912 and 77,440 bytes, one; their one-stage variants, 49,408
+    and 45,312 bytes, two), and every kernel class
     still launches, asking for about 2.3x its shared memory on an sm_90 (at most 221 KB), and gives
     right values: bf16, fp16 and both fp8 caches, 16 and 32 heads, D 512 and 576, unsplit (topk 32),
     split into blocks of one or two tiles (T 1, topk 300: 16 heads one, 32 heads two, api.h

@@ -233,7 +233,8 @@ def test_fwd_blocks_per_sm_names_the_bad_argument(args, message):
         ops.fwd_blocks_per_sm(*args)
 
 
-@pytest.mark.parametrize("variants", [dict(one_stage=True, decoded_fp8=True), dict(decoded_fp8=True, paired_scores=True),
+@pytest.mark.parametrize("variants", [dict(one_stage=True, decoded_fp8=True),
+                                      dict(decoded_fp8=True, paired_scores=True),
                                       dict(one_stage=True, paired_scores=True)])
 def test_fwd_blocks_per_sm_takes_one_variant(variants):
     with pytest.raises(ValueError, match="one_stage, decoded_fp8 and paired_scores name different variants"):

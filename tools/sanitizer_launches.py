@@ -15,10 +15,10 @@ caches at 8 and at 32 in 32-head blocks, a grid of two blocks per SM with random
 runs the fp8 kernels of raw tiles (not fp8_e4m3's 32-head blocks at D = 512, which always decode
 each tile once, nor GPUs before sm_89; 16-head fp8_ds_mla at D = 576 in its paired-scores variant
 where an SM holds one block of the main kernel) and the 16-bit one-stage kernels where an SM holds
-one two-stage block (sm_120, or any GPU with SPARSE_MLA_SM120_OCCUPANCY=1 set, as README says). The split one-stage launches the planner
-makes there (more blocks than SMs, >= 16 tiles each: thousands of tiles) are left to memcheck; their
-shared memory is used as in the unsplit one-stage launch, and only the global destination of the
-epilogue differs, which the split two-stage launches here cover.
+one two-stage block (sm_120, or any GPU with SPARSE_MLA_SM120_OCCUPANCY=1 set, as README says). The
+split one-stage launches the planner makes there (more blocks than SMs, >= 16 tiles each: thousands
+of tiles) are left to memcheck; their shared memory is used as in the unsplit one-stage launch, and
+only the global destination of the epilogue differs, which the split two-stage launches here cover.
 
 Each launch is checked against the fp32 reference as in ``verify`` (``verify.run_case``). Needs a
 CUDA GPU and the built package; exit 1 if a case fails.

@@ -150,19 +150,9 @@ struct SparseMlaFwdTraits {
   static constexpr int kSmemPerStage = kSmemKVStageBytes + kBlockN * 4 + (kScaleBuffer ? kBlockN * 4 * 4 : 0);
   // Partial-score buffers per head group: one per warp; or, in the PairedScores variant, one per
   // pair of warps: warps 2 and 3 add theirs into warps 0 and 1's behind one more head-group
-  // barrier per tile, so the softmax reads two partial sums. The variant exists where that alone
-  // lets a 16-head block of copied tiles share an sm_120 SM with a second one: fp8_ds_mla's raw
-  // tiles at D = 576, 52,608 bytes, 47,488 paired, which api.h plan_fwd_splits runs where it
-  // raises the occupancy (at sm_120's occupancy 1.17-1.27x the decode-once kernel at T >= 64, 16
-  // heads; on the H200, where the main kernel holds two blocks per SM too, 0.96-0.98x the main one;
-  // bench/NOTES.md v22).
+  // barrier per tile, so the softmax reads two partial sums (kHasPairedScoresVariant below says
+  // where it exists).
   static constexpr int kSmemSPartBytes = kSmemSPartElems * 4;
-  static constexpr int kSmemTwoPerSm120Bytes = kSm120SmemPerSm / 2 - kSmemReservedPerBlock;
-  static constexpr int kSmemOnePerWarpBytes = kNumWarps * kSmemSPartBytes + kHeadGroups * kPBuffers * kSmemPBufferElems * 2 +
-                                              2 * kBlockH * 4 + kCopyStages_ * kSmemPerStage;
-  static constexpr bool kHasPairedScoresVariant =
-      !kPairedScores_ && kDirectCopy && kHeadGroups == 1 && kSmemOnePerWarpBytes > kSmemTwoPerSm120Bytes &&
-      kSmemOnePerWarpBytes - kNumWarps / 2 * kSmemSPartBytes <= kSmemTwoPerSm120Bytes;
   static constexpr bool kPairedScores = kPairedScores_;
   static_assert(!kPairedScores || (kDirectCopy && kHeadGroups == 1), "paired partial scores: 16-head copied tiles");
   static constexpr int kSBuffersPerGroup = kPairedScores ? kWarpsPerGroup / 2 : kWarpsPerGroup;
@@ -178,16 +168,27 @@ struct SparseMlaFwdTraits {
   static constexpr bool kHasDecodedFp8Variant = kRawFp8;
   static_assert(kFp8RawTiles_ || is_fp8(kFormat));
   using DecodedFp8 = SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, kCopyStages_, false>;
-  using PairedScores = SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, kCopyStages_, kFp8RawTiles_, true>;
 
   static constexpr int kSmemKVOffset = 0;
-  static constexpr int kSmemSOffset = kSmemKVOffset + kStages * kSmemKVStageBytes;  // [g][buffer][16][pitch]
-  static constexpr int kSmemPOffset = kSmemSOffset + kHeadGroups * kSBuffersPerGroup * kSmemSPartBytes;  // [g][buffer][16][pitch]
+  static constexpr int kSmemSOffset = kSmemKVOffset + kStages * kSmemKVStageBytes;  // sS [g][buffer][16][pitch]
+  static constexpr int kSmemPOffset = kSmemSOffset + kHeadGroups * kSBuffersPerGroup * kSmemSPartBytes;  // sP, same
   static constexpr int kSmemStatsOffset = kSmemPOffset + kHeadGroups * kPBuffers * kSmemPBufferElems * 2;
   static constexpr int kSmemValidOffset = kSmemStatsOffset + 2 * kBlockH * 4;  // alpha, l
   static constexpr int kSmemScaleOffset = kSmemValidOffset + kStages * kBlockN * 4;  // [stage][row][4]
   static constexpr int kSmemBytes = kSmemScaleOffset + (kScaleBuffer ? kStages * kBlockN * 4 * 4 : 0);
   static_assert(kSmemBytes == kSmemUnstaged + kStages * kSmemPerStage);
+
+  // The PairedScores variant exists where pairing alone lets a 16-head block of copied tiles share
+  // an sm_120 SM with a second one: fp8_ds_mla's raw tiles at D = 576, 52,608 bytes, 47,488
+  // paired, which api.h plan_fwd_splits runs where it raises the occupancy (at sm_120's occupancy
+  // 1.17-1.27x the decode-once kernel at T >= 64, 16 heads; on the H200, where the main kernel
+  // holds two blocks per SM too, 0.96-0.98x the main one; bench/NOTES.md v22).
+  static constexpr int kSmemTwoPerSm120Bytes = kSm120SmemPerSm / 2 - kSmemReservedPerBlock;
+  static constexpr bool kHasPairedScoresVariant =
+      !kPairedScores && kDirectCopy && kHeadGroups == 1 && kSmemBytes > kSmemTwoPerSm120Bytes &&
+      kSmemBytes - kWarpsPerGroup / 2 * kSmemSPartBytes <= kSmemTwoPerSm120Bytes;
+  using PairedScores =
+      SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, kCopyStages_, kFp8RawTiles_, true>;
 
   static_assert(kSmemBytes <= kSmemBudgetBytes,
                 "a kernel instantiation exceeds the 101,376-byte shared-memory ceiling");
