@@ -626,33 +626,39 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     if (h >= p.num_heads) continue;
     const float l = sL[r];
     const float inv = l > 0.f ? tensor_scale * ds_norm / l : 0.f;
-    // This thread's runs of kRun consecutive columns of its row, one vector store each: run r's
-    // first column and element e. Raw fp8 tiles (phase 3): acc_o[2 r + odd][2 half + e] is column
-    // 16 r + 4 (lane % 4) + 2 e + odd, so a run is four columns: one store where there were two
-    // with a gap between them (fp8 split launches ran up to 1.18x faster, bench/NOTES.md v23);
-    // otherwise acc_o[n][2 half + e] is column 8 n + 2 (lane % 4) + e.
+    // This thread's runs of kRun consecutive columns of its row, one vector store each: run n's
+    // first column, and its column k. Raw fp8 tiles (phase 3): acc_o[2 n + odd][2 half + e] is
+    // column 16 n + 4 (lane % 4) + 2 e + odd of the warp's 128, so a run is four columns (k = 2 e
+    // + odd) and one store covers 64 contiguous bytes of partial results per row, where the two
+    // half-width stores it replaces each left every other 8 bytes unwritten (fp8 split launches
+    // ran up to 1.18x faster, bench/NOTES.md v23); otherwise acc_o[n][2 half + k] is column
+    // 8 n + 2 (lane % 4) + k.
     constexpr int kRun = Traits::kRawFp8 ? 4 : 2;
-    auto col = [&](int r) {
-      return wq * Traits::kDvPerWarp + (Traits::kRawFp8 ? r * 16 + (lane % 4) * 4 : r * 8 + (lane % 4) * 2);
+    auto col = [&](int n) {
+      return wq * Traits::kDvPerWarp + (Traits::kRawFp8 ? n * 16 + (lane % 4) * 4 : n * 8 + (lane % 4) * 2);
     };
-    auto val = [&](int r, int e) {
-      return (Traits::kRawFp8 ? acc_o[2 * r + e % 2][2 * half + e / 2] : acc_o[r][2 * half + e]) * inv;
+    auto val = [&](int n, int k) {
+      return (Traits::kRawFp8 ? acc_o[2 * n + k % 2][2 * half + k / 2] : acc_o[n][2 * half + k]) * inv;
     };
     constexpr int kRuns = Traits::kDvPerWarp / (4 * kRun);
     if (p.num_splits == 1) {
       QElement* out = static_cast<QElement*>(p.out) + t * p.out_stride_t + static_cast<int64_t>(h) * p.out_stride_h;
 #pragma unroll
-      for (int r = 0; r < kRuns; ++r) {
-        const uint32_t w0 = pack2<QElement>(val(r, 0), val(r, 1));
-        if constexpr (kRun == 4) *reinterpret_cast<uint2*>(out + col(r)) = make_uint2(w0, pack2<QElement>(val(r, 2), val(r, 3)));
-        else *reinterpret_cast<uint32_t*>(out + col(r)) = w0;
+      for (int n = 0; n < kRuns; ++n) {
+        const uint32_t w0 = pack2<QElement>(val(n, 0), val(n, 1));
+        if constexpr (kRun == 4)
+          *reinterpret_cast<uint2*>(out + col(n)) = make_uint2(w0, pack2<QElement>(val(n, 2), val(n, 3)));
+        else
+          *reinterpret_cast<uint32_t*>(out + col(n)) = w0;
       }
     } else {
       float* out = p.partial_out + ((static_cast<int64_t>(t) * p.num_heads + h) * p.num_splits + split) * kHeadSizeV;
 #pragma unroll
-      for (int r = 0; r < kRuns; ++r) {
-        if constexpr (kRun == 4) *reinterpret_cast<float4*>(out + col(r)) = make_float4(val(r, 0), val(r, 1), val(r, 2), val(r, 3));
-        else *reinterpret_cast<float2*>(out + col(r)) = make_float2(val(r, 0), val(r, 1));
+      for (int n = 0; n < kRuns; ++n) {
+        if constexpr (kRun == 4)
+          *reinterpret_cast<float4*>(out + col(n)) = make_float4(val(n, 0), val(n, 1), val(n, 2), val(n, 3));
+        else
+          *reinterpret_cast<float2*>(out + col(n)) = make_float2(val(n, 0), val(n, 1));
       }
     }
   }
