@@ -21,6 +21,9 @@ constexpr int kSmemBudgetBytes = 101376;
 // (CUDA occupancy rules): blocks per SM by shared memory = 102,400 / (block's bytes + 1,024).
 constexpr int kSm120SmemPerSm = 102400;
 constexpr int kSmemReservedPerBlock = 1024;
+constexpr int sm120_blocks_by_smem(int smem_bytes) {
+  return kSm120SmemPerSm / (smem_bytes + kSmemReservedPerBlock);
+}
 
 // vLLM's `fp8_ds_mla` record (csrc/cache_kernels.cu `concat_and_cache_ds_mla`,
 // vllm/v1/attention/backends/mla/flashmla_sparse.py): 512 e4m3 latent values, four fp32 scales

@@ -183,10 +183,9 @@ struct SparseMlaFwdTraits {
   // paired, which api.h plan_fwd_splits runs where it raises the occupancy (at sm_120's occupancy
   // 1.17-1.27x the decode-once kernel at T >= 64, 16 heads; on the H200, where the main kernel
   // holds two blocks per SM too, 0.96-0.98x the main one; bench/NOTES.md v22).
-  static constexpr int kSmemTwoPerSm120Bytes = kSm120SmemPerSm / 2 - kSmemReservedPerBlock;
   static constexpr bool kHasPairedScoresVariant =
-      !kPairedScores && kDirectCopy && kHeadGroups == 1 && kSmemBytes > kSmemTwoPerSm120Bytes &&
-      kSmemBytes - kWarpsPerGroup / 2 * kSmemSPartBytes <= kSmemTwoPerSm120Bytes;
+      !kPairedScores && kDirectCopy && kHeadGroups == 1 && sm120_blocks_by_smem(kSmemBytes) < 2 &&
+      sm120_blocks_by_smem(kSmemBytes - kWarpsPerGroup / 2 * kSmemSPartBytes) >= 2;
   using PairedScores =
       SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, kCopyStages_, kFp8RawTiles_, true>;
 

@@ -11,11 +11,6 @@ using namespace sparse_mla;
 
 namespace {
 
-template <typename Traits>
-constexpr int sm120_blocks_by_smem() {
-  return kSm120SmemPerSm / (Traits::kSmemBytes + kSmemReservedPerBlock);
-}
-
 template <typename QElement, KvFormat kFormat, int kHeadDim>
 void expect_stages(int stages_16_heads, int stages_32_heads) {
   using Group1 = SparseMlaFwdTraits<QElement, kFormat, kHeadDim, 1>;
@@ -27,11 +22,11 @@ void expect_stages(int stages_16_heads, int stages_32_heads) {
     // at D = 576, 52,608 bytes, and its paired-scores variant, 47,488) or one decoded stage
     // (decoded ones stay at one: with two, one block, 0.64-0.96x, bench/NOTES.md v11).
     const bool raw_fits = !(kFormat == KvFormat::kFp8DsMla && kHeadDim == kHeadSizeRoPE);
-    EXPECT_EQ(sm120_blocks_by_smem<Group1>(), raw_fits ? 2 : 1) << "D " << kHeadDim;
+    EXPECT_EQ(sm120_blocks_by_smem(Group1::kSmemBytes), raw_fits ? 2 : 1) << "D " << kHeadDim;
     EXPECT_EQ(Group1::kHasPairedScoresVariant, !raw_fits) << "D " << kHeadDim;
     if constexpr (Group1::kHasPairedScoresVariant)
-      EXPECT_EQ(sm120_blocks_by_smem<typename Group1::PairedScores>(), 2) << "D " << kHeadDim;
-    EXPECT_EQ(sm120_blocks_by_smem<typename Group1::DecodedFp8>(), 2) << "D " << kHeadDim;
+      EXPECT_EQ(sm120_blocks_by_smem(Group1::PairedScores::kSmemBytes), 2) << "D " << kHeadDim;
+    EXPECT_EQ(sm120_blocks_by_smem(Group1::DecodedFp8::kSmemBytes), 2) << "D " << kHeadDim;
   }
 }
 
@@ -106,8 +101,9 @@ TEST(KernelTraits, Fp8CachesHaveADecodeOnceVariantThatFitsTwicePerSm120Sm) {
   static_assert(!SparseMlaFwdTraits<__half, KvFormat::kFloat16, 576, 1>::kHasDecodedFp8Variant);
   EXPECT_EQ(Decoded::kStages, 1);
   EXPECT_EQ((SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 576, 2>::DecodedFp8::kStages), 2);
-  EXPECT_EQ(sm120_blocks_by_smem<Decoded>(), 2);
-  EXPECT_EQ((sm120_blocks_by_smem<SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kFp8E4m3, 512, 1>::DecodedFp8>()), 2);
+  EXPECT_EQ(sm120_blocks_by_smem(Decoded::kSmemBytes), 2);
+  EXPECT_EQ(sm120_blocks_by_smem(SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kFp8E4m3, 512, 1>::DecodedFp8::kSmemBytes),
+            2);
 }
 
 TEST(KernelTraits, Fp8DsMlaKeepsPInRegistersAndDecodesIntoTwoStagesIn32HeadBlocks) {
@@ -134,10 +130,10 @@ TEST(KernelTraits, SixteenHeadSixteenBitBlocksHaveAOneStageVariantThatFitsTwiceP
   static_assert(!SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, 576, 2>::kHasOneStageVariant);
   static_assert(!SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 576, 1>::kHasOneStageVariant);
   EXPECT_EQ(Bf16::OneStage::kStages, 1);
-  EXPECT_EQ(sm120_blocks_by_smem<Bf16>(), 1);  // 86,912 bytes
-  EXPECT_EQ(sm120_blocks_by_smem<Bf16::OneStage>(), 2);  // 49,408
-  EXPECT_EQ(sm120_blocks_by_smem<Fp16>(), 1);
-  EXPECT_EQ(sm120_blocks_by_smem<Fp16::OneStage>(), 2);
+  EXPECT_EQ(sm120_blocks_by_smem(Bf16::kSmemBytes), 1);  // 86,912 bytes
+  EXPECT_EQ(sm120_blocks_by_smem(Bf16::OneStage::kSmemBytes), 2);  // 49,408
+  EXPECT_EQ(sm120_blocks_by_smem(Fp16::kSmemBytes), 1);
+  EXPECT_EQ(sm120_blocks_by_smem(Fp16::OneStage::kSmemBytes), 2);
 }
 
 namespace {
