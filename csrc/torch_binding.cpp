@@ -157,6 +157,8 @@ void concat_and_cache_cuda(const at::Tensor& kv_c, const std::optional<at::Tenso
   p.k_pe_stride = k_pe.has_value() ? k_pe->stride(0) : 0;
   p.kv_cache = static_cast<uint8_t*>(kv_cache.data_ptr());
   p.kv_row_stride = kv_cache.stride(kv_cache.dim() - 2) * kv_cache.element_size();
+  p.kv_block_stride = kv_cache.dim() == 3 ? kv_cache.stride(0) * kv_cache.element_size() : 0;
+  p.block_size = launch.block_size;
   p.slot_mapping = slot_mapping.data_ptr<int64_t>();
   p.num_rows = launch.num_rows;
   p.k_scale = k_scale.has_value() ? k_scale->data_ptr<float>() : nullptr;

@@ -218,6 +218,25 @@ def test_cache_writer_skips_slots_outside_the_cache():
     assert (rows[0] == 1).all() and (rows[1:] == 7.0).all()
 
 
+def test_cache_writer_follows_the_block_stride():
+    """A block-outer view (block stride of three caches' rows, as vLLM 0.33 gives GLM-5.3-Flash's
+    layers): slot s lands in row s % 4 of block s // 4 of this view, nowhere else."""
+    storage = torch.full((3, 12, 512), 7.0, dtype=torch.bfloat16)
+    cache = storage[:, 4:8]
+    kv_c = torch.arange(1, 6, dtype=torch.bfloat16)[:, None].expand(5, 512).contiguous()
+    ops.concat_and_cache_sparse_mla(kv_c, None, cache, torch.tensor([0, 6, 11, -1, 12]), "auto")
+    want = torch.full_like(storage, 7.0)
+    want[0, 4], want[1, 6], want[2, 7] = 1.0, 2.0, 3.0
+    assert torch.equal(storage, want)
+
+
+def test_forward_still_needs_evenly_spaced_blocks():
+    q = torch.randn(1, 1, 512, dtype=torch.bfloat16)
+    cache = torch.zeros(3, 12, 512, dtype=torch.bfloat16)[:, 4:8]
+    with pytest.raises(ValueError, match=re.escape("kv_cache blocks must be evenly spaced rows")):
+        ops.sparse_mla_fwd(q, cache, torch.zeros(1, 4, dtype=torch.int32), 0.1)
+
+
 @pytest.mark.parametrize("args, message", [
     ((torch.float32, "bfloat16", 576, 16, 0), "dtype must be bfloat16 or float16"),
     ((torch.bfloat16, "auto", 576, 16, 0), "'auto' needs a cache"),

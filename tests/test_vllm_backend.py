@@ -150,6 +150,50 @@ def test_entry_point_loaded_by_vllm_and_inert_without_variable(tmp_path):
     assert BACKEND_NAME in ours[0]
 
 
+_OLD_VLLM_PROBE = textwrap.dedent(
+    """
+    import json, logging, os, sys, types
+    from vllm.config.logging import LoggingConfig
+    from vllm.logger import configure_logging
+    # What vLLM 0.26 lacks (seen with a real 0.26.0 install): the shared sparse-MLA base classes.
+    sys.modules["vllm.model_executor.layers.attention.sparse_mla_attention"] = types.ModuleType("gone")
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm_sparse_mla_blackwell import plugins
+
+    configure_logging(LoggingConfig())
+    records = []
+    class Collect(logging.Handler):
+        def emit(self, record):
+            records.append((record.levelname, record.getMessage()))
+    logging.getLogger("vllm").addHandler(Collect())
+    os.environ["VLLM_GLM53_CUDA_SPARSE_MLA"] = "1"
+    for _ in range(3):  # every vLLM process, possibly repeatedly
+        plugins.register_sparse_mla_backend()
+    print("RESULT " + json.dumps({
+        "records": [r for r in records if "vllm_sparse_mla_blackwell" in r[1]],
+        "registered": "SPARSE_MLA_BLACKWELL" in AttentionBackendEnum.__members__,
+    }))
+    """
+)
+
+
+def test_plugin_on_a_vllm_that_cannot_host_the_backend_logs_one_error_and_stands_aside(tmp_path):
+    """vLLM must still start: one error line naming the vLLM version needed, nothing registered."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_GLM53_")}
+    env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT, env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _OLD_VLLM_PROBE], env=env, capture_output=True, text=True,
+                          timeout=240, cwd=tmp_path)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert not result["registered"]
+    assert len(result["records"]) == 1, result
+    level, message = result["records"][0]
+    assert level == "ERROR"
+    assert "needs vLLM >= 0.33.0" in message and "VLLM_GLM53_CUDA_SPARSE_MLA=1 is ignored" in message
+    assert "ImportError" in message and f"vllm {vllm.__version__}" in message
+
+
 # --------------------------------------------------------------------------------------------
 # vLLM's selector on a (mocked) CUDA platform
 # --------------------------------------------------------------------------------------------

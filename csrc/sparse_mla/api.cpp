@@ -143,8 +143,12 @@ DType element_dtype(const TensorDesc& t, const char* name) {
   fail(name, " must be bfloat16 or float16, got ", dtype_str(t));
 }
 
-// The cache's row width and dtype for its format; returns the number of rows.
-int64_t check_kv_cache(const TensorDesc& kv, KvFormat fmt, int head_size) {
+// The cache's row width and dtype for its format; returns the number of rows. The forward reads
+// rows by flat id, so its blocks must be evenly spaced rows; the cache writer maps a slot to
+// (block, offset) as vLLM does and also takes the block-outer views whose block stride is larger
+// than block_size rows (vLLM lays a layer's blocks out that way when several caches share a block).
+enum class BlockStride { kEvenRows, kAtLeastBlock };
+int64_t check_kv_cache(const TensorDesc& kv, KvFormat fmt, int head_size, BlockStride block_stride) {
   require_defined(kv, "kv_cache");
   if (kv.dim != 2 && kv.dim != 3)
     fail("kv_cache must be [num_blocks, block_size, row] or [num_rows, row], got shape ", shape_str(kv));
@@ -160,8 +164,15 @@ int64_t check_kv_cache(const TensorDesc& kv, KvFormat fmt, int head_size) {
     fail("kv_cache last dim must be ", width, " for this kv_cache_dtype and head_size ", head_size,
          ", got shape ", shape_str(kv));
   require_vector_rows(kv, "kv_cache");
-  if (kv.dim == 3 && kv.sizes[0] > 1 && kv.sizes[1] > 0 && kv.strides[0] != kv.sizes[1] * kv.strides[1])
-    fail("kv_cache blocks must be evenly spaced rows (stride(0) == shape[1] * stride(1))");
+  if (kv.dim == 3 && kv.sizes[0] > 1 && kv.sizes[1] > 0) {
+    const int64_t block_rows_span = kv.sizes[1] * kv.strides[1];
+    if (block_stride == BlockStride::kEvenRows && kv.strides[0] != block_rows_span)
+      fail("kv_cache blocks must be evenly spaced rows (stride(0) == shape[1] * stride(1)), got shape ",
+           shape_str(kv), " strides (", kv.strides[0], ", ", kv.strides[1], ", ", kv.strides[2], ")");
+    if (block_stride == BlockStride::kAtLeastBlock && kv.strides[0] < block_rows_span)
+      fail("kv_cache blocks must not overlap (stride(0) >= shape[1] * stride(1)), got shape ", shape_str(kv),
+           " strides (", kv.strides[0], ", ", kv.strides[1], ", ", kv.strides[2], ")");
+  }
   return kv.dim == 3 ? kv.sizes[0] * kv.sizes[1] : kv.sizes[0];
 }
 
@@ -343,7 +354,8 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   same_device(a.q_pe, "q_pe");
 
   const KvFormat format = parse_kv_cache_dtype(a.kv_cache_dtype, a.kv_cache);
-  const int64_t num_kv_rows = check_kv_cache(a.kv_cache, format, static_cast<int>(head_size));
+  const int64_t num_kv_rows =
+      check_kv_cache(a.kv_cache, format, static_cast<int>(head_size), BlockStride::kEvenRows);
   same_device(a.kv_cache, "kv_cache");
   check_k_scale(a.k_scale, format, same_device);
 
@@ -508,7 +520,8 @@ ConcatAndCacheLaunch check_concat_and_cache(const ConcatAndCacheArgs& a, bool re
     head_size = kHeadSizeRoPE;
   }
   launch.format = parse_kv_cache_dtype(a.kv_cache_dtype, a.kv_cache);
-  launch.num_rows = check_kv_cache(a.kv_cache, launch.format, head_size);
+  launch.num_rows = check_kv_cache(a.kv_cache, launch.format, head_size, BlockStride::kAtLeastBlock);
+  launch.block_size = a.kv_cache.dim == 3 ? a.kv_cache.sizes[1] : launch.num_rows;
   same_device(a.kv_cache, "kv_cache");
   require_defined(a.slot_mapping, "slot_mapping");
   require_dim(a.slot_mapping, "slot_mapping", 1, "[num_tokens]");

@@ -210,7 +210,8 @@ struct ConcatAndCacheArgs {
 struct ConcatAndCacheLaunch {
   KvFormat format;
   DType dtype;       // of kv_c / k_pe
-  int64_t num_rows;  // cache rows (slots 0 .. num_rows - 1)
+  int64_t num_rows;    // cache rows (slots 0 .. num_rows - 1)
+  int64_t block_size;  // rows per block: slot s is row s % block_size of block s / block_size
 };
 ConcatAndCacheLaunch check_concat_and_cache(const ConcatAndCacheArgs& args, bool require_cuda);
 

@@ -23,7 +23,7 @@ __global__ void __launch_bounds__(128) concat_and_cache_kernel(const ConcatAndCa
   const int64_t slot = p.slot_mapping[t];
   if (slot < 0 || slot >= p.num_rows) return;  // -1 = padding; never write outside the cache
   const int tid = threadIdx.x;
-  uint8_t* row = p.kv_cache + slot * p.kv_row_stride;
+  uint8_t* row = p.kv_cache + (slot / p.block_size) * p.kv_block_stride + (slot % p.block_size) * p.kv_row_stride;
   const Element* kv_c = static_cast<const Element*>(p.kv_c) + t * p.kv_c_stride;
   const Element* k_pe = p.k_pe == nullptr ? nullptr : static_cast<const Element*>(p.k_pe) + t * p.k_pe_stride;
 

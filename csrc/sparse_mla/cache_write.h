@@ -1,5 +1,6 @@
 // Cache writer for the formats vLLM cannot write itself (fp8 with head_size 512, fp8_ds_mla
-// NoPE), and for every other format too: same slot convention as vLLM's concat_and_cache_mla.
+// NoPE), and for every other format too: same slot convention and (block, offset) addressing as
+// vLLM's concat_and_cache_mla.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,7 +17,9 @@ struct ConcatAndCacheParams {
   const void* k_pe;  // [T, 64] or null (NoPE)
   int64_t k_pe_stride;
   uint8_t* kv_cache;
-  int64_t kv_row_stride;   // bytes
+  int64_t kv_row_stride;    // bytes between rows of a block
+  int64_t kv_block_stride;  // bytes between blocks (may exceed block_size rows: block-outer layouts)
+  int64_t block_size;       // rows per block; slot s is row s % block_size of block s / block_size
   const int64_t* slot_mapping;  // [T], -1 = skip; slots outside [0, num_rows) are skipped too
   int64_t num_rows;
   const float* k_scale;    // fp8_e4m3: stored value = x / k_scale; null = 1

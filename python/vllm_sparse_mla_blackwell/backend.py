@@ -44,7 +44,7 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends.mla.sparse_utils import triton_convert_req_index_to_global_index
 from vllm.v1.worker.workspace import current_workspace_manager, is_workspace_manager_initialized
 
-from vllm_sparse_mla_blackwell import formats, ops
+from vllm_sparse_mla_blackwell import formats, ops, reference
 
 # Newer than the shared sparse-MLA base; where a vLLM release lacks one, the backend does without
 # (docs/vllm_backend.md). Only vLLM 0.33.0, which has them all, is tested.
@@ -384,6 +384,11 @@ class SparseMLABlackwellImpl(SparseMLACommonImpl[SparseMLABlackwellMetadata]):
     workspace (``current_workspace_manager``). Nothing is allocated on the CUDA path.
     """
 
+    #: Run the fp32 PyTorch reference (``reference.sparse_mla_reference``) instead of the
+    #: kernel: the exact baseline of the end-to-end check (``e2e.py``) on GPUs where vLLM has no
+    #: sparse-MLA kernel of its own. Eager mode only; set in-process by that check, not a user knob.
+    _exact_reference: ClassVar[bool] = False
+
     is_sparse = True
     supports_dense_mha_prefill = False
     supports_pcp = False
@@ -602,6 +607,10 @@ class SparseMLABlackwellImpl(SparseMLACommonImpl[SparseMLABlackwellMetadata]):
         physical = self._physical_topk(
             logical, attn_metadata, block_stride_rows, idx_ws[:num_tokens]
         )
+        if self._exact_reference:
+            return self._forward_exact(
+                q_nope, q_pe, kv_rows, physical, layer, out_ws[:num_tokens], lse_ws[:num_tokens]
+            )
         return ops.sparse_mla_fwd(
             q_nope,
             kv_rows,
@@ -615,6 +624,44 @@ class SparseMLABlackwellImpl(SparseMLACommonImpl[SparseMLABlackwellMetadata]):
             lse=lse_ws[:num_tokens],
             workspace=self._op_workspace,
         )
+
+    def _forward_exact(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor | None,
+        kv_rows: torch.Tensor,
+        physical: torch.Tensor,
+        layer: AttentionLayer,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        tokens_per_chunk: int = 128,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward_mqa`` through the fp32 reference: per chunk of tokens, gather and decode only
+        the rows the indices name (the cache itself may be tens of GB), then attend in fp32."""
+        head_size = formats.KV_LORA_RANK + (0 if q_pe is None else q_pe.shape[-1])
+        k_scale = layer._k_scale if self.kv_cache_dtype in _FP8_PER_TENSOR else None
+        num_rows = kv_rows.shape[0]
+        for t0 in range(0, q_nope.shape[0], tokens_per_chunk):
+            t1 = min(q_nope.shape[0], t0 + tokens_per_chunk)
+            idx = physical[t0:t1]
+            valid = (idx >= 0) & (idx < num_rows)
+            rows = reference.dequantize_kv_cache(
+                kv_rows[torch.where(valid, idx, 0).flatten().long()],
+                self.kv_cache_dtype,
+                head_size,
+                k_scale,
+            )
+            local = torch.arange(idx.numel(), device=idx.device, dtype=torch.int32).view_as(idx)
+            chunk_out, chunk_lse = reference.sparse_mla_reference(
+                q_nope[t0:t1],
+                rows,
+                torch.where(valid, local, -1),
+                self.scale,
+                q_pe=None if q_pe is None else q_pe[t0:t1],
+            )
+            out[t0:t1].copy_(chunk_out)
+            lse[t0:t1].copy_(chunk_lse)
+        return out, lse
 
 
 # --------------------------------------------------------------------------------------------

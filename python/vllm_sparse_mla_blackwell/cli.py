@@ -1,4 +1,4 @@
-"""Command line: ``python -m vllm_sparse_mla_blackwell {verify,bench}``."""
+"""Command line: ``python -m vllm_sparse_mla_blackwell {verify,bench,e2e}``."""
 
 from __future__ import annotations
 
@@ -26,6 +26,20 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--models", type=_names, action="extend", metavar="NAME,...",
                    help="GLM-5.3-Flash and/or DeepSeek-V3.2 (default both)")
     b.add_argument("--no-naive", action="store_true", help="skip the naive PyTorch baseline")
+    e = sub.add_parser("e2e", help="serve tiny DeepSeek-V3.2 and GLM-5.3-Flash models in vLLM through this backend "
+                       "and through references; compare greedy tokens, logits, throughput and KV capacity "
+                       "(needs vLLM and a GPU)")
+    e.add_argument("--models", type=_names, action="extend", metavar="NAME,...",
+                   help="deepseek-v3.2, glm-5.3-flash, deepseek-v3.2-fp16 (default: the first two)")
+    e.add_argument("--kv", type=_names, action="extend", metavar="DTYPE,...",
+                   help="kv cache dtypes among bfloat16,fp8,fp8_ds_mla (default all)")
+    e.add_argument("--modes", type=_names, action="extend", metavar="MODE,...",
+                   help="eager and/or graphs (CUDA graphs with torch.compile; default both)")
+    e.add_argument("--quick", action="store_true", help="half the prompts, 8 generated steps, a small batch")
+    e.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    e.add_argument("--work-dir", metavar="DIR", help="model configs and per-run results (default: a new temp dir)")
+    e.add_argument("--time-budget", type=float, default=3600, metavar="SECONDS",
+                   help="start no run that would end after this many seconds (default 3600); skipped runs fail")
     args = parser.parse_args(argv)
     if sys.stdout.isatty() or "COLUMNS" in os.environ:
         return _run(args)
@@ -37,6 +51,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "e2e":
+        from vllm_sparse_mla_blackwell import e2e
+
+        return e2e.main(models=_unique(args.models), kv_dtypes=_unique(args.kv), modes=_unique(args.modes),
+                        quick=args.quick, json_path=args.json, work_dir=args.work_dir,
+                        time_budget_s=args.time_budget)
     if args.command == "verify":
         from vllm_sparse_mla_blackwell import verify
 

@@ -263,9 +263,13 @@ def concat_and_cache_sparse_mla(
     Args:
         kv_c: bf16/fp16 ``[T, 512]`` latent.
         k_pe: bf16/fp16 ``[T, 64]`` rope part, or ``None`` for NoPE (head_size 512).
-        kv_cache: cache as in ``sparse_mla_fwd`` (bf16/fp16 rows, uint8 or float8_e4m3fn fp8
-            rows, or uint8 656-byte ``fp8_ds_mla`` records), written in place.
-        slot_mapping: int64 ``[T]`` physical rows; ``-1`` skips a token, and so does any slot
+        kv_cache: cache rows as in ``sparse_mla_fwd`` (bf16/fp16 rows, uint8 or float8_e4m3fn
+            fp8 rows, or uint8 656-byte ``fp8_ds_mla`` records), ``[num_rows, W]`` or
+            ``[num_blocks, block_size, W]``, written in place. The block stride may exceed
+            ``block_size`` rows (vLLM's block-outer layouts, where a layer's view skips the other
+            caches that share each block); blocks must not overlap.
+        slot_mapping: int64 ``[T]`` slots, row ``s % block_size`` of block ``s // block_size``
+            as in vLLM's ``concat_and_cache_mla``; ``-1`` skips a token, and so does any slot
             outside the cache (never written out of bounds).
         kv_cache_dtype: as in ``sparse_mla_fwd``. ``fp8_ds_mla`` scales follow vLLM (per 128
             values ``amax / 448``); NoPE records get zero rope bytes.

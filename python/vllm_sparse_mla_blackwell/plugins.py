@@ -7,19 +7,50 @@ does nothing unless its environment variable is set; the heavy imports happen on
 
 from __future__ import annotations
 
+import logging
 import os
 
 SPARSE_MLA_ENV = "VLLM_GLM53_CUDA_SPARSE_MLA"
 MOE_INPUT_SCALE_ENV = "VLLM_GLM53_MOE_INPUT_SCALE"
+#: The oldest vLLM release the backend is written and tested against.
+MIN_VLLM_VERSION = "0.33.0"
+
+_BACKEND_ERROR_LOGGED = False
 
 
 def register_sparse_mla_backend() -> None:
-    """Register the CUDA sparse-MLA attention backend when ``VLLM_GLM53_CUDA_SPARSE_MLA=1``."""
+    """Register the CUDA sparse-MLA attention backend when ``VLLM_GLM53_CUDA_SPARSE_MLA=1``.
+
+    Never stops vLLM from starting: where the running vLLM cannot host the backend (an older
+    release lacks the sparse-MLA base classes it builds on), one error line names the vLLM
+    version needed, once per process, and vLLM's own backend choice is left unchanged.
+    """
+    global _BACKEND_ERROR_LOGGED
     if os.environ.get(SPARSE_MLA_ENV, "0") not in ("1", "true", "True"):
         return
-    from vllm_sparse_mla_blackwell import backend
+    try:
+        from vllm_sparse_mla_blackwell import backend
 
-    backend.register()
+        backend.register()
+    except Exception as exc:  # noqa: BLE001 - any failure here must leave vLLM running
+        if not _BACKEND_ERROR_LOGGED:
+            _BACKEND_ERROR_LOGGED = True
+            # vLLM's logger where it imports (its handler and format), else the root one.
+            logging.getLogger("vllm").error(
+                "vllm_sparse_mla_blackwell: %s=1 is ignored: this vLLM (%s) cannot host the "
+                "sparse-MLA backend (%s: %s); it needs vLLM >= %s. vLLM's own attention backend "
+                "choice is unchanged.",
+                SPARSE_MLA_ENV, _vllm_version(), type(exc).__name__, exc, MIN_VLLM_VERSION,
+            )
+
+
+def _vllm_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return f"vllm {version('vllm')}"
+    except Exception:  # noqa: BLE001
+        return "vllm, version unknown"
 
 
 def register_moe_input_scale_fix() -> None:

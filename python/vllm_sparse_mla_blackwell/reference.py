@@ -194,25 +194,30 @@ def write_kv_cache_reference(
     Args:
         kv_c: ``[T, 512]`` latent (bf16/fp16/fp32).
         k_pe: ``[T, R]`` rope part (R = 64), or ``None`` for NoPE (head_size 512).
-        kv_cache: ``[num_blocks, block_size, W]`` or ``[num_rows, W]`` (see ``dequantize_kv_cache``).
-        slot_mapping: int ``[T]`` physical row per token; ``-1`` (or any slot outside the cache)
-            skips the token.
+        kv_cache: ``[num_blocks, block_size, W]`` (any block stride of at least ``block_size``
+            rows) or ``[num_rows, W]``; see ``dequantize_kv_cache`` for ``W``.
+        slot_mapping: int ``[T]`` slot per token (row ``s % block_size`` of block
+            ``s // block_size``); ``-1`` (or any slot outside the cache) skips the token.
         kv_cache_dtype: vLLM ``kv_cache_dtype`` string.
         k_scale: per-tensor scale of ``fp8``/``fp8_e4m3`` (values are stored as ``x / k_scale``).
     """
     fmt = formats.canonical_kv_cache_dtype(kv_cache_dtype, kv_cache)
-    rows = _cache_rows(kv_cache)
-    keep = (slot_mapping >= 0) & (slot_mapping < rows.shape[0])
+    # Address rows as (block, offset), so that block-outer views (block stride larger than
+    # block_size rows) are written in place, as vLLM's kernel does.
+    blocks = kv_cache if kv_cache.dim() == 3 else kv_cache.unsqueeze(0)
+    block_size = blocks.shape[1]
+    keep = (slot_mapping >= 0) & (slot_mapping < blocks.shape[0] * block_size)
     slots = slot_mapping[keep].long()
+    where = (slots // block_size, slots % block_size)
     kv_c = kv_c[keep]
     k_pe = None if k_pe is None else k_pe[keep]
     if fmt == "fp8_ds_mla":
-        rows.view(torch.uint8)[slots] = quantize_fp8_ds_mla(kv_c, k_pe)
+        blocks.view(torch.uint8)[where] = quantize_fp8_ds_mla(kv_c, k_pe)
         return
     full = kv_c if k_pe is None else torch.cat([kv_c, k_pe.to(kv_c.dtype)], dim=-1)
     if fmt in ("bfloat16", "float16"):
-        rows[slots] = full.to(rows.dtype)
+        blocks[where] = full.to(blocks.dtype)
         return
     scale = torch.as_tensor(1.0 if k_scale is None else k_scale, dtype=torch.float32, device=full.device)
     q8 = (full.float() / scale.reshape(1, 1).expand_as(full)).clamp(-formats.FP8_E4M3_MAX, formats.FP8_E4M3_MAX)
-    rows.view(torch.uint8)[slots] = q8.to(torch.float8_e4m3fn).view(torch.uint8)
+    blocks.view(torch.uint8)[where] = q8.to(torch.float8_e4m3fn).view(torch.uint8)

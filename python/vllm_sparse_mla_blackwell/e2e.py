@@ -1,0 +1,664 @@
+"""End-to-end check in vLLM: ``python -m vllm_sparse_mla_blackwell e2e``.
+
+Serves tiny DeepSeek-V3.2 (head_size 576) and GLM-5.3-Flash (NoPE, head_size 512) models in vLLM
+on this GPU, through this package's backend and through references, and compares what a user
+sees: greedy tokens, the full-vocabulary logits of every generated step, the logits of every
+prompt token, throughput, and vLLM's KV-cache capacity.
+
+- Models: real architectures (``DeepseekV32ForCausalLM``, ``Glm5NextForCausalLM``) cut to two
+  layers, with vLLM's dummy weights re-initialised at a realistic scale (uniform
+  ``+-sqrt(3 / fan_in)`` matrices, unit norm weights, a seed per tensor): with vLLM's own +-1e-3
+  attention would be uniform and the indexer's choice meaningless. Prompts are longer than the
+  indexer's ``index_topk``, so attention really is sparse.
+- References: this backend running the fp32 PyTorch reference attention instead of the kernel
+  ("exact", on every GPU), and vLLM's own sparse-MLA backends where the GPU has them.
+- The bar: two correct kernels differ on a random two-layer model (near-tied top-k choices flip),
+  so the check measures that spread in the same run, between vLLM's own kernels and the exact
+  reference, and asks this backend to stay within twice it. Without a vLLM kernel on the GPU the
+  bar is the one measured on an H200 (``FALLBACK_BAR``).
+
+Each configuration runs in a worker process (``vllm`` in-process, ``LLM(...)``); workers write
+``.pt`` results into a work folder and the parent compares them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+OURS = "SPARSE_MLA_BLACKWELL"
+EXACT = "EXACT"  # this backend with the fp32 reference attention
+VLLM_BACKENDS = ("FLASHMLA_SPARSE", "FLASH_ATTN_MLA_SPARSE")
+KV_CACHE_DTYPES = ("bfloat16", "fp8", "fp8_ds_mla")
+MODES = ("eager", "graphs")
+VOCAB_SIZE = 2048
+MAX_MODEL_LEN = 4096
+#: Used when no vLLM sparse-MLA kernel runs on the GPU: vLLM's FLASHMLA_SPARSE against
+#: FLASH_ATTN_MLA_SPARSE and the exact reference on an H200 (2-layer models, this module's prompts).
+FALLBACK_BAR = {"step_cos_dev": 1e-3, "prompt_rel_err": 0.03}
+#: This backend may deviate from the exact reference by up to this multiple of the spread.
+SPREAD_FACTOR = 2.0
+#: A run is not started when less than this is left of the time budget (seconds, tiny models).
+RUN_ESTIMATE_S = {"eager": 30, "graphs": 60}
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    name: str
+    dtype: str
+    num_heads: int
+    kv_cache_dtypes: tuple[str, ...]
+    prompt_lens: tuple[int, ...]
+
+    @property
+    def head_size(self) -> int:
+        return 512 if self.name.startswith("glm") else 576
+
+    def config(self) -> dict:
+        return glm53_flash_config(self.num_heads) if self.head_size == 512 else deepseek_v32_config(self.num_heads)
+
+
+def _common(num_heads: int) -> dict:
+    return {
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": 1024,
+        "intermediate_size": 2048,
+        "moe_intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_heads,
+        "q_lora_rank": 384,
+        "kv_lora_rank": 512,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 1,
+        "topk_group": 1,
+        "index_head_dim": 128,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 2,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def deepseek_v32_config(num_heads: int) -> dict:
+    """A two-layer DeepSeek-V3.2 (``config.json`` of deepseek-ai/DeepSeek-V3.2 cut down): MLA with
+    64 rope dims (head_size 576), the DSA indexer with ``index_topk`` 512, YaRN so that
+    ``sm_scale`` is the real model's 0.135234, dense MLPs (``first_k_dense_replace`` = layers)."""
+    return {
+        **_common(num_heads),
+        "architectures": ["DeepseekV32ForCausalLM"],
+        "model_type": "deepseek_v32",
+        "first_k_dense_replace": 2,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "index_topk": 512,
+        "index_n_heads": 64,
+        "max_position_embeddings": 163840,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "routed_scaling_factor": 2.5,
+        "norm_topk_prob": True,
+        "rope_theta": 10000,
+        "rope_scaling": {
+            "type": "yarn",
+            "rope_type": "yarn",
+            "factor": 40,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+    }
+
+
+def glm53_flash_config(num_heads: int) -> dict:
+    """A two-layer GLM-5.3-Flash (``Glm5NextForCausalLM``): one KDA linear-attention layer and one
+    NoPE sparse-MLA layer (head_size 512, ``sm_scale`` 1/16), ``index_topk`` 2048 with
+    ``index_kpool`` 4, whose tail makes the index buffer 2176 wide as in the real model. ``mhc`` is
+    off (the real model's hyper-connections need the ``tilelang`` package)."""
+    return {
+        **_common(num_heads),
+        "architectures": ["Glm5NextForCausalLM"],
+        "model_type": "glm5_next",
+        "layer_types": ["linear_attention", "deepseek_sparse_attention"],
+        "mlp_layer_types": ["dense", "dense"],
+        "qk_nope_head_dim": 256,
+        "qk_rope_head_dim": 0,
+        "v_head_dim": 256,
+        "mla_use_nope": True,
+        "index_topk": 2048,
+        "index_kpool": 4,
+        "index_n_heads": 32,
+        "indexer_rope_interleave": False,
+        "mhc": False,
+        "linear_num_heads": 8,
+        "linear_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "rope_theta": 10000,
+    }
+
+
+MODELS = {
+    m.name: m
+    for m in (
+        Model("deepseek-v3.2", "bfloat16", 16, KV_CACHE_DTYPES, (40, 700, 1500, 3000)),
+        Model("glm-5.3-flash", "bfloat16", 64, KV_CACHE_DTYPES, (40, 700, 2500, 3500)),
+        # The GGUF case: an fp16 model; vLLM's FA3 sparse backend takes fp16 as a reference.
+        Model("deepseek-v3.2-fp16", "float16", 16, ("auto",), (40, 700, 1500, 3000)),
+    )
+}
+
+
+def write_model(model: Model, root: Path) -> Path:
+    """Write ``config.json`` of ``model`` into ``root/<name>`` (no weights: ``load_format=dummy``)."""
+    path = root / model.name
+    path.mkdir(parents=True, exist_ok=True)
+    config = model.config()
+    config["torch_dtype"] = model.dtype
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# The run plan
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    model: str
+    backend: str  # OURS, EXACT or a vLLM backend name
+    kv_cache_dtype: str
+    graphs: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}.{self.backend}.{self.kv_cache_dtype}.{'graphs' if self.graphs else 'eager'}"
+
+
+def vllm_backends_for(model: Model, kv_cache_dtype: str, capability: tuple[int, int]) -> list[str]:
+    """vLLM 0.33's own sparse-MLA backends that serve this model and cache on this GPU
+    (``vllm/v1/attention/backends/mla/flashmla_sparse.py``, ``flashattn_mla_sparse.py``): both on
+    sm_90 with 16-bit caches (FlashMLA bf16 models only, FA3 head_size 576); FlashMLA on sm_90 and
+    sm_100 with ``fp8_ds_mla``. vLLM's ``fp8`` means ``fp8_ds_mla`` there, not this backend's
+    per-tensor e4m3, so ``fp8`` has no vLLM reference."""
+    major = capability[0]
+    out = []
+    if major in (9, 10) and model.dtype == "bfloat16" and kv_cache_dtype in ("auto", "bfloat16", "fp8_ds_mla"):
+        if model.head_size == 576 or major == 9:
+            out.append("FLASHMLA_SPARSE")
+    if major == 9 and model.head_size == 576 and kv_cache_dtype in ("auto", "bfloat16", "float16"):
+        out.append("FLASH_ATTN_MLA_SPARSE")
+    return out
+
+
+def plan_runs(models: list[Model], kv_dtypes: tuple[str, ...], modes: tuple[str, ...],
+              capability: tuple[int, int]) -> list[Run]:
+    """Per (model, cache): the exact reference (eager), then per mode this backend and vLLM's
+    backends that serve it (both eager, the first with graphs)."""
+    runs = []
+    for model in models:
+        for kv in (k for k in model.kv_cache_dtypes if k in kv_dtypes or k == "auto"):
+            runs.append(Run(model.name, EXACT, kv, False))
+            theirs = vllm_backends_for(model, kv, capability)
+            for mode in modes:
+                graphs = mode == "graphs"
+                runs.append(Run(model.name, OURS, kv, graphs))
+                # Both of vLLM's kernels eager (the spread); with graphs the first, for speed.
+                runs += [Run(model.name, b, kv, graphs) for b in (theirs[:1] if graphs else theirs)]
+    return runs
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker: one process, vLLM in-process, several runs one after another
+# ---------------------------------------------------------------------------------------------
+
+
+def _prompts(model: Model, quick: bool) -> list[list[int]]:
+    import torch
+
+    gen = torch.Generator().manual_seed(1234)
+    lens = model.prompt_lens[::2] if quick else model.prompt_lens
+    return [torch.randint(16, VOCAB_SIZE, (n,), generator=gen).tolist() for n in lens]
+
+
+_SEEDS = {"next": 0}
+
+
+def _install_realistic_dummy_weights() -> None:
+    """Wrap vLLM's dummy initialiser: matrices uniform +-sqrt(3 / fan_in) (unit variance through a
+    layer), 1-D ``weight`` (norms) 1, 1-D ``bias`` 0, a distinct seed per tensor in model order
+    (restarted for every run, so that every backend serves the same weights); 0-dim tensors
+    (KV-cache scale sentinels) untouched; integer tensors as vLLM does."""
+    import torch
+    from vllm.model_executor.model_loader import dummy_loader
+
+    original = dummy_loader.initialize_single_dummy_weight
+    if getattr(original, "_sparse_mla_e2e", False):
+        return
+
+    @torch.no_grad()
+    def realistic(param, *args, name: str = "", **kwargs):
+        if param.dim() == 0:
+            return None  # KV-cache scale sentinels (-1): vLLM then uses scale 1, not +-1e-3
+        if param.device.type == "meta" or not torch.is_floating_point(param):
+            return original(param, *args, name=name, **kwargs)
+        seed = 1000 + _SEEDS["next"]
+        _SEEDS["next"] += 1
+        if param.dim() == 1:
+            if name.endswith("weight"):
+                return param.fill_(1.0)
+            if name.endswith("bias"):
+                return param.zero_()
+            return original(param, seed=seed, name=name)
+        bound = math.sqrt(3.0 / param.shape[-1])
+        return original(param, -bound, bound, seed=seed, name=name)
+
+    realistic._sparse_mla_e2e = True
+    dummy_loader.initialize_single_dummy_weight = realistic
+
+
+def _stub_missing_cutedsl() -> None:
+    """vLLM 0.33's DeepSeek-V3.2 q kernel imports its CuTe-DSL variant (package
+    ``nvidia-cutlass-dsl``) on every CUDA GPU but runs it only on sm_100+. Where the package is
+    missing and the GPU is older, a stand-in that declines keeps the model importable."""
+    import importlib.util
+    import types
+
+    import torch
+
+    if importlib.util.find_spec("cutlass") is not None or torch.cuda.get_device_capability()[0] >= 10:
+        return
+    name = "vllm.models.deepseek_v32.nvidia.ops.fused_q_cutedsl"
+    stub = types.ModuleType(name)
+    stub.fused_q_cutedsl = None
+    stub.is_fused_q_cutedsl_supported = lambda *args, **kwargs: False
+    sys.modules[name] = stub
+
+
+def _step_logits(flat, vocab: int):
+    """Full-vocabulary values per position from vLLM's ``FlatLogprobs`` (``None`` entries, e.g.
+    prompt position 0, are dropped), as fp32 ``[positions, vocab]``."""
+    import torch
+
+    rows = []
+    for start, end in zip(flat.start_indices, flat.end_indices):
+        if end - start < vocab:
+            continue
+        row = torch.empty(vocab)
+        row[torch.tensor(flat.token_ids[start:end])] = torch.tensor(flat.logprobs[start:end])
+        rows.append(row)
+    return torch.stack(rows) if rows else torch.empty(0, vocab)
+
+
+def _one_run(run: Run, model: Model, model_dir: Path, out_dir: Path, quick: bool) -> dict:
+    import gc
+
+    import torch
+    from vllm import LLM, SamplingParams
+
+    from vllm_sparse_mla_blackwell import backend as ours
+
+    ours.SparseMLABlackwellImpl._exact_reference = run.backend == EXACT
+    _SEEDS["next"] = 0
+    kwargs = dict(
+        model=str(model_dir),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        dtype=model.dtype,
+        kv_cache_dtype=run.kv_cache_dtype,
+        enforce_eager=not run.graphs,
+        max_model_len=MAX_MODEL_LEN,
+        max_num_seqs=64,
+        max_num_batched_tokens=8192,
+        gpu_memory_utilization=0.4,
+        enable_prefix_caching=False,
+        seed=0,
+        max_logprobs=-1,
+        logprobs_mode="raw_logits",
+    )
+    if run.backend in VLLM_BACKENDS:
+        kwargs["attention_config"] = {"backend": run.backend}
+    if run.graphs:
+        kwargs["compilation_config"] = {"max_cudagraph_capture_size": 64}
+    llm = None
+    try:
+        t0 = time.perf_counter()
+        llm = LLM(**kwargs)
+        start_s = time.perf_counter() - t0
+        cache = llm.llm_engine.vllm_config.cache_config
+        kv_tokens = (cache.num_gpu_blocks or 0) * cache.block_size
+        impls = sorted(set(sum(llm.apply_model(
+            lambda m: [type(x.impl).__name__ for x in m.modules() if hasattr(x, "impl") and hasattr(x.impl, "forward_mqa")]
+        ), [])))
+        prompts = _prompts(model, quick)
+        steps = 8 if quick else 24
+        params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, logprobs=-1,
+                                prompt_logprobs=-1, flat_logprobs=True, detokenize=False)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        result = {
+            "tokens": [list(o.outputs[0].token_ids) for o in outs],
+            "step_logits": [_step_logits(o.outputs[0].logprobs, VOCAB_SIZE).half() for o in outs],
+            "prompt_logits": [_step_logits(o.prompt_logprobs, VOCAB_SIZE).half() for o in outs],
+        }
+        batch, prompt_len, new = (16, 512, 64) if quick else (64, 1024, 128)
+        gen = torch.Generator().manual_seed(99)
+        tp = [{"prompt_token_ids": torch.randint(16, VOCAB_SIZE, (prompt_len,), generator=gen).tolist()}
+              for _ in range(batch)]
+        tp_params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True, detokenize=False)
+        llm.generate(tp[:2], tp_params, use_tqdm=False)  # warm-up
+        t0 = time.perf_counter()
+        llm.generate(tp, tp_params, use_tqdm=False)
+        elapsed = time.perf_counter() - t0
+    finally:  # a failed start too: the next run needs a clean process
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+        try:
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            cleanup_dist_env_and_memory()
+        except Exception:  # noqa: BLE001 - best effort between runs
+            pass
+    torch.save(result, out_dir / f"{run.key}.pt")
+    return {"key": run.key, "ok": True, "start_s": round(start_s, 1), "kv_tokens": kv_tokens, "impls": impls,
+            "tokens_per_s": round(batch * (prompt_len + new) / elapsed, 1), "batch_s": round(elapsed, 3)}
+
+
+def _run_or_skip(run: Run, model: Model, spec: dict, out_dir: Path) -> dict:
+    if time.time() + RUN_ESTIMATE_S[_mode(run)] > spec["deadline"]:
+        return {"key": run.key, "ok": False, "error": "skipped: over the time budget"}
+    try:
+        return _one_run(run, model, Path(spec["model_dirs"][run.model]), out_dir, spec["quick"])
+    except Exception as exc:  # noqa: BLE001 - recorded, the next run goes on
+        import traceback
+
+        traceback.print_exc()
+        return {"key": run.key, "ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+
+
+def worker_main(spec_path: str) -> int:
+    """Run the runs listed in the spec JSON one after another; append one JSON line per run to
+    ``<out_dir>/runs.jsonl`` (``ok: false`` and the error where a run fails)."""
+    spec = json.loads(Path(spec_path).read_text())
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    os.environ["VLLM_GLM53_CUDA_SPARSE_MLA"] = "1"
+    _stub_missing_cutedsl()
+    _install_realistic_dummy_weights()
+    out_dir = Path(spec["out_dir"])
+    for item in spec["runs"]:
+        run = Run(**item)
+        model = MODELS[run.model]
+        print(f"[e2e] {run.key}: starting", flush=True)
+        record = _run_or_skip(run, model, spec, out_dir)
+        with open(out_dir / "runs.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        print(f"[e2e] {run.key}: {record}", flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparison
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Agreement:
+    tokens_same: int  # greedy tokens equal up to the first difference, summed over prompts
+    tokens_total: int
+    min_step_cos: float  # full-vocabulary logits of each step with the same context
+    mean_step_cos: float
+    prompt_rel_err: float  # worst per-prompt ||a - b|| / ||b|| over all prompt positions
+
+
+def agreement(a: dict, b: dict) -> Agreement:
+    """Compare two runs' results (``_one_run``'s saved dict). Steps are compared up to and
+    including the first whose greedy token differs: later ones have different contexts."""
+    import torch
+
+    same = total = 0
+    coses = []
+    for ta, tb, la, lb in zip(a["tokens"], b["tokens"], a["step_logits"], b["step_logits"]):
+        n = min(len(ta), len(tb))
+        first_diff = next((i for i in range(n) if ta[i] != tb[i]), n)
+        same += first_diff
+        total += n
+        k = min(first_diff + 1, n, la.shape[0], lb.shape[0])
+        if k:
+            coses.append(torch.nn.functional.cosine_similarity(la[:k].double(), lb[:k].double(), dim=-1))
+    errs = [((pa.double() - pb.double()).norm() / pb.double().norm()).item()
+            for pa, pb in zip(a["prompt_logits"], b["prompt_logits"]) if pb.numel()]
+    cos = torch.cat(coses) if coses else torch.ones(1, dtype=torch.float64)
+    return Agreement(same, total, cos.min().item(), cos.mean().item(), max(errs, default=0.0))
+
+
+def spread(pairs: list[Agreement]) -> dict | None:
+    """The bar from pairs of correct kernels: their widest step-cosine deviation and prompt error."""
+    if not pairs:
+        return None
+    return {"step_cos_dev": max(1 - p.min_step_cos for p in pairs),
+            "prompt_rel_err": max(p.prompt_rel_err for p in pairs)}
+
+
+def within(agr: Agreement, bar: dict) -> bool:
+    return (1 - agr.min_step_cos <= SPREAD_FACTOR * bar["step_cos_dev"]
+            and agr.prompt_rel_err <= SPREAD_FACTOR * bar["prompt_rel_err"])
+
+
+def evaluate(runs: list[Run], records: dict[str, dict], results_dir: Path) -> dict:
+    """Rows (one per run of this backend), spread pairs and the verdict, as plain data."""
+    import torch
+
+    def load(run: Run):
+        rec = records.get(run.key)
+        return torch.load(results_dir / f"{run.key}.pt") if rec and rec.get("ok") else None
+
+    loaded = {r.key: load(r) for r in runs}
+    report = {"models": {}, "passed": True}
+    for model_name in dict.fromkeys(r.model for r in runs):
+        mruns = [r for r in runs if r.model == model_name]
+        exact = {r.kv_cache_dtype: r for r in mruns if r.backend == EXACT}
+        theirs = [r for r in mruns if r.backend in VLLM_BACKENDS and loaded[r.key] is not None]
+        pairs = []
+        for r in theirs:
+            e = exact.get(r.kv_cache_dtype)
+            if e is not None and loaded[e.key] is not None:
+                pairs.append((f"{r.backend} {r.kv_cache_dtype} {_mode(r)} vs exact", agreement(loaded[r.key], loaded[e.key])))
+            for o in theirs:
+                if (o.backend > r.backend and o.kv_cache_dtype == r.kv_cache_dtype and o.graphs == r.graphs):
+                    pairs.append((f"{r.backend} vs {o.backend} {r.kv_cache_dtype} {_mode(r)}",
+                                  agreement(loaded[r.key], loaded[o.key])))
+        bar = spread([p for _, p in pairs])
+        measured = bar is not None
+        bar = bar or FALLBACK_BAR
+        rows = []
+        for r in (r for r in mruns if r.backend == OURS):
+            rec = records.get(r.key, {"ok": False, "error": "not run"})
+            row = {"kv_cache_dtype": r.kv_cache_dtype, "mode": _mode(r), **rec}
+            e = exact.get(r.kv_cache_dtype)
+            if loaded[r.key] is not None and e is not None and loaded[e.key] is not None:
+                agr = agreement(loaded[r.key], loaded[e.key])
+                row["vs_exact"] = dataclasses.asdict(agr)
+                row["within_bar"] = within(agr, bar)
+            else:
+                row["within_bar"] = False
+            peers = [t for t in theirs if t.kv_cache_dtype == r.kv_cache_dtype and t.graphs == r.graphs]
+            if peers and loaded[r.key] is not None:
+                peer = peers[0]
+                row["vs_vllm"] = {"backend": peer.backend, **dataclasses.asdict(agreement(loaded[r.key], loaded[peer.key]))}
+                row["throughput_ratio"] = round(rec["tokens_per_s"] / records[peer.key]["tokens_per_s"], 3)
+                row["kv_tokens_ratio"] = round(rec["kv_tokens"] / max(1, records[peer.key]["kv_tokens"]), 3)
+            row["selected_ours"] = "SparseMLABlackwellImpl" in rec.get("impls", [])
+            row["passed"] = bool(rec.get("ok")) and row["within_bar"] and row["selected_ours"]
+            report["passed"] &= row["passed"]
+            rows.append(row)
+        refs = [{"run": r.key, **records.get(r.key, {"ok": False, "error": "not run"})}
+                for r in mruns if r.backend != OURS]
+        report["models"][model_name] = {
+            "bar": {**bar, "factor": SPREAD_FACTOR, "measured": measured},
+            "pairs": {name: dataclasses.asdict(p) for name, p in pairs},
+            "rows": rows,
+            "references": refs,
+        }
+    return report
+
+
+def _mode(run: Run) -> str:
+    return "graphs" if run.graphs else "eager"
+
+
+def print_report(report: dict, device: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for name, m in report["models"].items():
+        bar = m["bar"]
+        src = "measured in this run" if bar["measured"] else "fallback: measured on an H200"
+        console.print(f"\n[bold]{name}[/bold] on {device}: bar = {bar['factor']:g} x spread ({src}): "
+                      f"1 - step cos <= {bar['factor'] * bar['step_cos_dev']:.2e}, "
+                      f"prompt rel err <= {bar['factor'] * bar['prompt_rel_err']:.2%}")
+        spread_table = Table("spread pair (vLLM's own kernels)", "greedy same", "min step cos", "mean step cos",
+                             "prompt rel err")
+        for pname, p in m["pairs"].items():
+            spread_table.add_row(pname, f"{p['tokens_same']}/{p['tokens_total']}", f"{p['min_step_cos']:.6f}",
+                                 f"{p['mean_step_cos']:.6f}", f"{p['prompt_rel_err']:.2%}")
+        if m["pairs"]:
+            console.print(spread_table)
+        t = Table("kv cache", "mode", "greedy same", "min step cos", "prompt rel err", "vs vLLM: cos / err",
+                  "tok/s", "x vLLM", "KV tokens", "x vLLM", "start s", "verdict", title=f"{name}: this backend vs exact")
+        for r in m["rows"]:
+            v, p = r.get("vs_exact"), r.get("vs_vllm")
+            if not r.get("ok"):
+                t.add_row(r["kv_cache_dtype"], r["mode"], *[""] * 9, f"[red]ERROR {r.get('error', '')[:60]}[/red]")
+                continue
+            t.add_row(
+                r["kv_cache_dtype"], r["mode"],
+                f"{v['tokens_same']}/{v['tokens_total']}" if v else "-",
+                f"{v['min_step_cos']:.6f}" if v else "-",
+                f"{v['prompt_rel_err']:.2%}" if v else "-",
+                f"{p['min_step_cos']:.5f} / {p['prompt_rel_err']:.2%} ({p['backend']})" if p else "-",
+                f"{r['tokens_per_s']:.0f}", f"{r['throughput_ratio']:.2f}" if p else "-",
+                f"{r['kv_tokens']}", f"{r['kv_tokens_ratio']:.2f}" if p else "-", f"{r['start_s']:.0f}",
+                "[green]PASS[/green]" if r["passed"] else
+                ("[red]FAIL: not selected[/red]" if not r["selected_ours"] else "[red]FAIL[/red]"),
+            )
+        console.print(t)
+        bad = [x for x in m["references"] if not x.get("ok")]
+        for x in bad:
+            console.print(f"[yellow]reference {x['run']} did not run: {x.get('error')}[/yellow]")
+        for x in m["references"]:
+            if x.get("ok"):
+                console.print(f"  reference {x['run']}: {x['tokens_per_s']:.0f} tok/s, KV {x['kv_tokens']} tokens, "
+                              f"start {x['start_s']:.0f} s")
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------------------------
+
+
+def _run_workers(runs: list[Run], model_dirs: dict[str, str], out_dir: Path, quick: bool,
+                 deadline: float) -> dict[str, dict]:
+    """Workers run the plan one after another; a worker that dies is replaced for what is left,
+    the run it died in recorded as failed."""
+    log = out_dir / "runs.jsonl"
+    pending = list(runs)
+    while pending:
+        spec = out_dir / "spec.json"
+        spec.write_text(json.dumps({"runs": [dataclasses.asdict(r) for r in pending], "model_dirs": model_dirs,
+                                    "out_dir": str(out_dir), "quick": quick, "deadline": deadline}))
+        cmd = [sys.executable, "-m", "vllm_sparse_mla_blackwell.e2e", "--worker", str(spec)]
+        try:
+            rc = subprocess.run(cmd, timeout=max(60.0, deadline - time.time() + 120)).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        done = {json.loads(line)["key"] for line in log.read_text().splitlines()} if log.exists() else set()
+        left = [r for r in pending if r.key not in done]
+        # A worker that died took the run it was in; one that returned without finishing (it
+        # should not) leaves the rest unrun rather than loop.
+        failed = left[:1] if rc != 0 else left
+        with open(log, "a") as f:
+            for r in failed:
+                f.write(json.dumps({"key": r.key, "ok": False, "error": f"worker exited ({rc})"}) + "\n")
+        pending = left[len(failed):]
+    records = {}
+    for line in log.read_text().splitlines():
+        rec = json.loads(line)
+        records[rec["key"]] = rec
+    return records
+
+
+def main(models: tuple[str, ...] | None = None, kv_dtypes: tuple[str, ...] | None = None,
+         modes: tuple[str, ...] | None = None, quick: bool = False, json_path: str | None = None,
+         work_dir: str | None = None, time_budget_s: float = 3600) -> int:
+    """Exit 0 when every run of this backend is selected, runs, and stays within the bar; 1 when one
+    does not; 2 for bad arguments; 3 when there is no GPU or no vLLM."""
+    names = models or ("deepseek-v3.2", "glm-5.3-flash")
+    unknown = [n for n in names if n not in MODELS]
+    bad_kv = [k for k in (kv_dtypes or ()) if k not in KV_CACHE_DTYPES]
+    bad_modes = [m for m in (modes or ()) if m not in MODES]
+    if unknown or bad_kv or bad_modes or time_budget_s <= 0:
+        print(f"e2e: unknown models {unknown} (known: {list(MODELS)}), kv cache dtypes {bad_kv} "
+              f"(known: {list(KV_CACHE_DTYPES)}), modes {bad_modes} (known: {list(MODES)}) or a time budget "
+              f"<= 0 ({time_budget_s})", file=sys.stderr)
+        return 2
+    import torch
+
+    try:
+        import vllm
+    except ImportError as exc:
+        print(f"e2e needs vLLM installed ({exc})", file=sys.stderr)
+        return 3
+    if not torch.cuda.is_available():
+        print("e2e needs a CUDA GPU; none is visible", file=sys.stderr)
+        return 3
+    capability = torch.cuda.get_device_capability()
+    device = f"{torch.cuda.get_device_name()} (sm_{capability[0]}{capability[1]}), vLLM {vllm.__version__}"
+    out_dir = Path(work_dir or tempfile.mkdtemp(prefix="sparse_mla_e2e_"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "runs.jsonl").unlink(missing_ok=True)
+    chosen = [MODELS[n] for n in names]
+    model_dirs = {m.name: str(write_model(m, out_dir / "models")) for m in chosen}
+    runs = plan_runs(chosen, kv_dtypes or KV_CACHE_DTYPES, modes or MODES, capability)
+    print(f"e2e on {device}: {len(runs)} runs, results in {out_dir}", flush=True)
+    t0 = time.perf_counter()
+    records = _run_workers(runs, model_dirs, out_dir, quick, time.time() + time_budget_s)
+    report = evaluate(runs, records, out_dir)
+    report.update(device=device, seconds=round(time.perf_counter() - t0), quick=quick,
+                  date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    print_report(report, device)
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=1))
+    print(f"\n{'PASS' if report['passed'] else 'FAIL'}: {sum(r['passed'] for m in report['models'].values() for r in m['rows'])}"
+          f"/{sum(len(m['rows']) for m in report['models'].values())} runs of this backend within the bar "
+          f"on {device} ({report['seconds']} s)")
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", required=True)
+    sys.exit(worker_main(parser.parse_args().worker))

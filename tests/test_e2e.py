@@ -1,0 +1,168 @@
+"""The end-to-end check's parts that need no GPU: the run plan, the comparison, the bar, the tiny
+model configs (read by the real vLLM 0.33's ModelConfig), the realistic dummy weights and the
+command line. The check itself runs in ``test_e2e_gpu.py``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from vllm_sparse_mla_blackwell import cli, e2e
+from vllm_sparse_mla_blackwell.e2e import EXACT, OURS, Run
+
+DS, GLM = e2e.MODELS["deepseek-v3.2"], e2e.MODELS["glm-5.3-flash"]
+
+
+def test_plan_on_hopper_has_both_vllm_kernels_where_they_serve():
+    runs = e2e.plan_runs([DS, GLM], e2e.KV_CACHE_DTYPES, e2e.MODES, (9, 0))
+    keys = {r.key for r in runs}
+    assert len(keys) == len(runs)
+    assert "deepseek-v3.2.FLASH_ATTN_MLA_SPARSE.bfloat16.eager" in keys
+    assert "deepseek-v3.2.FLASHMLA_SPARSE.fp8_ds_mla.graphs" in keys
+    assert "glm-5.3-flash.FLASHMLA_SPARSE.bfloat16.eager" in keys
+    # FA3's sparse kernel has no NoPE head; vLLM's "fp8" is fp8_ds_mla, not per-tensor e4m3.
+    assert not any(r.backend == "FLASH_ATTN_MLA_SPARSE" and r.model == GLM.name for r in runs)
+    assert not any(r.backend not in (OURS, EXACT) and r.kv_cache_dtype == "fp8" for r in runs)
+    for model in (DS, GLM):
+        for kv in e2e.KV_CACHE_DTYPES:
+            assert Run(model.name, EXACT, kv, False) in runs
+            assert Run(model.name, OURS, kv, False) in runs and Run(model.name, OURS, kv, True) in runs
+    # The exact reference of a cache dtype runs before anything that is compared with it.
+    first = {}
+    for i, r in enumerate(runs):
+        first.setdefault((r.model, r.kv_cache_dtype), r)
+    assert all(r.backend == EXACT for r in first.values())
+
+
+@pytest.mark.parametrize("capability", [(12, 0), (12, 1), (8, 9)])
+def test_plan_without_vllm_sparse_kernels_is_ours_against_exact(capability):
+    runs = e2e.plan_runs([DS, GLM], ("bfloat16",), ("eager",), capability)
+    assert sorted(r.backend for r in runs) == [EXACT, EXACT, OURS, OURS]
+
+
+def _result(tokens, steps, prompts):
+    return {"tokens": tokens, "step_logits": steps, "prompt_logits": prompts}
+
+
+def test_agreement_compares_steps_up_to_the_first_different_token():
+    torch.manual_seed(0)
+    steps = torch.randn(5, 64)
+    other = steps.clone()
+    other[2] += 0.1 * torch.randn(64)  # the step where the greedy token first differs
+    other[3:] = -steps[3:]  # different context afterwards: must not count
+    prompt = torch.randn(7, 64)
+    a = _result([[1, 2, 3, 4, 5]], [steps], [prompt])
+    b = _result([[1, 2, 9, 4, 5]], [other], [prompt * 1.01])
+    agr = e2e.agreement(a, b)
+    assert (agr.tokens_same, agr.tokens_total) == (2, 5)
+    want = torch.nn.functional.cosine_similarity(steps[2].double(), other[2].double(), dim=0).item()
+    assert agr.min_step_cos == pytest.approx(want) and 0.99 < want < 1
+    assert agr.prompt_rel_err == pytest.approx(0.01 / 1.01, rel=1e-3)
+    same = e2e.agreement(a, a)
+    assert (same.tokens_same, same.min_step_cos, same.prompt_rel_err) == (5, pytest.approx(1.0), 0.0)
+
+
+def test_evaluate_applies_the_spread_bar(tmp_path):
+    torch.manual_seed(1)
+    base = torch.randn(4, 32)
+    prompt = torch.randn(6, 32)
+
+    def save(run, noise, tokens=(1, 2, 3, 4)):
+        steps = base + noise * torch.randn_like(base)
+        torch.save(_result([list(tokens)], [steps], [prompt + noise * torch.randn_like(prompt)]),
+                   tmp_path / f"{run.key}.pt")
+
+    runs = [Run(DS.name, EXACT, "bfloat16", False), Run(DS.name, OURS, "bfloat16", False),
+            Run(DS.name, "FLASHMLA_SPARSE", "bfloat16", False), Run(DS.name, "FLASH_ATTN_MLA_SPARSE", "bfloat16", False),
+            Run(DS.name, OURS, "fp8", False), Run(DS.name, EXACT, "fp8", False)]
+    save(runs[0], 0.0)
+    save(runs[1], 0.02)
+    save(runs[2], 0.02)
+    save(runs[3], 0.02)
+    save(runs[4], 0.5)  # far outside the spread
+    save(runs[5], 0.0)
+    ok = {"ok": True, "tokens_per_s": 100.0, "kv_tokens": 1000, "impls": ["SparseMLABlackwellImpl"], "start_s": 1}
+    records = {r.key: dict(ok, key=r.key) for r in runs}
+    records[runs[2].key]["impls"] = records[runs[3].key]["impls"] = ["FlashMLASparseImpl"]
+    report = e2e.evaluate(runs, records, tmp_path)
+    model = report["models"][DS.name]
+    assert model["bar"]["measured"] and len(model["pairs"]) == 3
+    rows = {r["kv_cache_dtype"]: r for r in model["rows"]}
+    assert rows["bfloat16"]["passed"] and rows["bfloat16"]["vs_vllm"]["backend"] == "FLASHMLA_SPARSE"
+    assert rows["bfloat16"]["throughput_ratio"] == 1.0
+    assert not rows["fp8"]["passed"] and not rows["fp8"]["within_bar"]
+    assert not report["passed"]
+    # A run that used another backend than this one fails even with matching numbers.
+    records[runs[1].key]["impls"] = ["FlashMLASparseImpl"]
+    assert not e2e.evaluate(runs[:4], records, tmp_path)["passed"]
+    records[runs[1].key]["impls"] = ["SparseMLABlackwellImpl"]
+    assert e2e.evaluate(runs[:4], records, tmp_path)["passed"]
+    json.dumps(report)  # the --json output
+
+
+def test_evaluate_without_vllm_kernels_uses_the_fallback_bar(tmp_path):
+    runs = [Run(GLM.name, EXACT, "bfloat16", False), Run(GLM.name, OURS, "bfloat16", False)]
+    r = _result([[1, 2]], [torch.ones(2, 8)], [torch.ones(3, 8)])
+    for run in runs:
+        torch.save(r, tmp_path / f"{run.key}.pt")
+    records = {run.key: {"key": run.key, "ok": True, "tokens_per_s": 1.0, "kv_tokens": 1, "start_s": 1,
+                         "impls": ["SparseMLABlackwellImpl"]} for run in runs}
+    report = e2e.evaluate(runs, records, tmp_path)
+    assert report["passed"] and report["models"][GLM.name]["bar"]["measured"] is False
+    records[runs[1].key] = {"key": runs[1].key, "ok": False, "error": "ValueError: boom"}
+    assert not e2e.evaluate(runs, records, tmp_path)["passed"]
+
+
+@pytest.mark.parametrize("argv", [["e2e", "--kv", "int4"], ["e2e", "--models", "llama"], ["e2e", "--modes", "fast"],
+                                  ["e2e", "--time-budget", "0"]])
+def test_cli_rejects_bad_arguments_with_exit_2(argv, capsys):
+    assert cli.main(argv) == 2
+    assert "e2e: unknown" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# With the real vLLM (CI installs 0.33.0)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(e2e.MODELS))
+def test_vllm_reads_the_tiny_configs_as_sparse_mla(name, tmp_path):
+    pytest.importorskip("vllm")
+    from vllm.config import ModelConfig
+
+    model = e2e.MODELS[name]
+    config = ModelConfig(model=str(e2e.write_model(model, tmp_path)), dtype=model.dtype, skip_tokenizer_init=True,
+                         max_model_len=e2e.MAX_MODEL_LEN)
+    text = config.hf_text_config
+    assert config.use_mla and config.get_head_size() == model.head_size
+    assert text.index_topk < max(model.prompt_lens)  # the indexer really selects
+    assert text.num_attention_heads == model.num_heads
+    assert str(config.dtype).endswith(model.dtype)
+
+
+def test_realistic_dummy_weights(monkeypatch):
+    pytest.importorskip("vllm")
+    from vllm.model_executor.model_loader import dummy_loader
+
+    monkeypatch.setattr(dummy_loader, "initialize_single_dummy_weight", dummy_loader.initialize_single_dummy_weight)
+    e2e._install_realistic_dummy_weights()
+    init = dummy_loader.initialize_single_dummy_weight
+    e2e._SEEDS["next"] = 0
+    w, w2 = torch.empty(256, 1024), torch.empty(256, 1024)
+    norm, bias, scale = torch.empty(64), torch.empty(64), torch.tensor(-1.0)
+    init(w, name="weight")
+    init(w2, name="weight")
+    init(norm, name="weight")
+    init(bias, name="bias")
+    init(scale, name="k_scale")
+    bound = math.sqrt(3 / 1024)
+    assert w.abs().max() <= bound and w.std() == pytest.approx(bound / math.sqrt(3), rel=0.05)
+    assert not torch.equal(w, w2)  # a seed per tensor
+    assert (norm == 1).all() and (bias == 0).all() and scale.item() == -1.0
+    e2e._SEEDS["next"] = 0  # every run restarts the sequence: the same model for every backend
+    again = torch.empty(256, 1024)
+    init(again, name="weight")
+    assert torch.equal(again, w)
