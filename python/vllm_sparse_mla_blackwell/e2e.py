@@ -41,9 +41,10 @@ KV_CACHE_DTYPES = ("bfloat16", "fp8", "fp8_ds_mla")
 MODES = ("eager", "graphs")
 VOCAB_SIZE = 2048
 MAX_MODEL_LEN = 4096
-#: Used when no vLLM sparse-MLA kernel runs on the GPU: vLLM's FLASHMLA_SPARSE against
-#: FLASH_ATTN_MLA_SPARSE and the exact reference on an H200 (2-layer models, this module's prompts).
-FALLBACK_BAR = {"step_cos_dev": 1e-3, "prompt_rel_err": 0.03}
+#: Used when no vLLM sparse-MLA kernel runs on the GPU: the widest spread of vLLM's own kernels
+#: (FLASHMLA_SPARSE, FLASH_ATTN_MLA_SPARSE, against each other and the exact reference) over the
+#: three models on an H200, 2026-12-02 (bench/results/2026-12-02-h200-e2e).
+FALLBACK_BAR = {"step_cos_dev": 1.9e-3, "prompt_rel_err": 0.058}
 #: This backend may deviate from the exact reference by up to this multiple of the spread.
 SPREAD_FACTOR = 2.0
 #: A run is not started when less than this is left of the time budget (seconds, tiny models).
@@ -455,15 +456,17 @@ def agreement(a: dict, b: dict) -> Agreement:
 
 
 def spread(pairs: list[Agreement]) -> dict | None:
-    """The bar from pairs of correct kernels: their widest step-cosine deviation and prompt error."""
+    """The bar from pairs of correct kernels: their widest mean step-cosine deviation and prompt
+    error. The mean over steps, not the worst step: one near-tied step decides the minimum (on an
+    H200 the worst step of two correct kernels ranged 0.979-0.9994 between models)."""
     if not pairs:
         return None
-    return {"step_cos_dev": max(1 - p.min_step_cos for p in pairs),
+    return {"step_cos_dev": max(1 - p.mean_step_cos for p in pairs),
             "prompt_rel_err": max(p.prompt_rel_err for p in pairs)}
 
 
 def within(agr: Agreement, bar: dict) -> bool:
-    return (1 - agr.min_step_cos <= SPREAD_FACTOR * bar["step_cos_dev"]
+    return (1 - agr.mean_step_cos <= SPREAD_FACTOR * bar["step_cos_dev"]
             and agr.prompt_rel_err <= SPREAD_FACTOR * bar["prompt_rel_err"])
 
 
@@ -538,7 +541,7 @@ def print_report(report: dict, device: str) -> None:
         bar = m["bar"]
         src = "measured in this run" if bar["measured"] else "fallback: measured on an H200"
         console.print(f"\n[bold]{name}[/bold] on {device}: bar = {bar['factor']:g} x spread ({src}): "
-                      f"1 - step cos <= {bar['factor'] * bar['step_cos_dev']:.2e}, "
+                      f"1 - mean step cos <= {bar['factor'] * bar['step_cos_dev']:.2e}, "
                       f"prompt rel err <= {bar['factor'] * bar['prompt_rel_err']:.2%}")
         spread_table = Table("spread pair (vLLM's own kernels)", "greedy same", "min step cos", "mean step cos",
                              "prompt rel err")
@@ -547,19 +550,21 @@ def print_report(report: dict, device: str) -> None:
                                  f"{p['mean_step_cos']:.6f}", f"{p['prompt_rel_err']:.2%}")
         if m["pairs"]:
             console.print(spread_table)
-        t = Table("kv cache", "mode", "greedy same", "min step cos", "prompt rel err", "vs vLLM: cos / err",
+        t = Table("kv cache", "mode", "greedy same", "mean step cos", "min step cos", "prompt rel err",
+                  "vs vLLM: mean cos / err",
                   "tok/s", "x vLLM", "KV tokens", "x vLLM", "start s", "verdict", title=f"{name}: this backend vs exact")
         for r in m["rows"]:
             v, p = r.get("vs_exact"), r.get("vs_vllm")
             if not r.get("ok"):
-                t.add_row(r["kv_cache_dtype"], r["mode"], *[""] * 9, f"[red]ERROR {r.get('error', '')[:60]}[/red]")
+                t.add_row(r["kv_cache_dtype"], r["mode"], *[""] * 10, f"[red]ERROR {r.get('error', '')[:60]}[/red]")
                 continue
             t.add_row(
                 r["kv_cache_dtype"], r["mode"],
                 f"{v['tokens_same']}/{v['tokens_total']}" if v else "-",
+                f"{v['mean_step_cos']:.6f}" if v else "-",
                 f"{v['min_step_cos']:.6f}" if v else "-",
                 f"{v['prompt_rel_err']:.2%}" if v else "-",
-                f"{p['min_step_cos']:.5f} / {p['prompt_rel_err']:.2%} ({p['backend']})" if p else "-",
+                f"{p['mean_step_cos']:.6f} / {p['prompt_rel_err']:.2%} ({p['backend']})" if p else "-",
                 f"{r['tokens_per_s']:.0f}", f"{r['throughput_ratio']:.2f}" if p else "-",
                 f"{r['kv_tokens']}", f"{r['kv_tokens_ratio']:.2f}" if p else "-", f"{r['start_s']:.0f}",
                 "[green]PASS[/green]" if r["passed"] else
