@@ -1,4 +1,4 @@
-"""Tests for the NVFP4 MoE input-scale fix (``vllm_sparse_mla_blackwell.moe_fix``, issue 6).
+"""Tests for the NVFP4 MoE input-scale fix (``vllm_sparse_mla_blackwell.moe_fix``).
 
 CPU only, against the real installed vLLM: layers are built with vLLM's own
 ``ModelOptNvFp4Config.from_config`` -> ``FusedMoEFactory`` -> ``RoutedExperts`` ->
@@ -9,10 +9,10 @@ the NVFP4 MoE backend choice (no backend supports a CPU) and the kernel-format c
 construction at the end of ``process_weights_after_loading``, which a spy records instead (what
 vLLM would hand to its kernels is exactly what the tests check).
 
-vLLM 0.33.0 routes weight-only NVFP4 checkpoints itself (``quant_algo`` NVFP4 becomes
-``W4A16_NVFP4`` when every config group has ``input_activations: null``), so ``register`` stands
-down there; the fill path is exercised through ``install_hooks`` on layers built from a W4A4
-config, the configuration that still reads ``w13_input_scale`` / ``w2_input_scale``.
+vLLM 0.33.0 routes a weight-only NVFP4 checkpoint itself (``quant_algo`` NVFP4 becomes
+``W4A16_NVFP4``) only when it has ``config_groups`` and every group has ``input_activations:
+null``; legacy ``hf_quant_config.json`` checkpoints and mixed configs still reach the W4A4 path,
+so the hook decides per layer (``test_register_decides_per_checkpoint_form``).
 """
 
 from __future__ import annotations
@@ -126,14 +126,15 @@ def fix_log():
 # ---------------------------------------------------------------------------------------------
 
 
-def quant_config(weight_only: bool):
+def quant_config(weight_only: bool, raw: dict | None = None):
     """vLLM's own config object for a ModelOpt NVFP4 checkpoint, as ``get_quant_config`` builds
-    it from config.json's ``quantization_config``."""
-    raw = moe_fix.WEIGHT_ONLY_NVFP4_CONFIG if weight_only else moe_fix.FULL_NVFP4_CONFIG
+    it from config.json's ``quantization_config`` (or ``raw``, any form vLLM reads)."""
+    if raw is None:
+        raw = moe_fix.WEIGHT_ONLY_NVFP4_CONFIG if weight_only else moe_fix.FULL_NVFP4_CONFIG
     return modelopt.ModelOptNvFp4Config.from_config(copy.deepcopy(raw))
 
 
-def make_layer(weight_only: bool = False, prefix: str = PREFIX):
+def make_layer(weight_only: bool = False, prefix: str = PREFIX, raw: dict | None = None):
     """The ``RoutedExperts`` module vLLM builds for one FusedMoE layer (E=8, top-2, hidden 256,
     intermediate 128, bf16); needs the ``cpu_vllm_config`` world."""
     # A fresh config per layer: vLLM registers each layer's name in its config.
@@ -144,7 +145,7 @@ def make_layer(weight_only: bool = False, prefix: str = PREFIX):
             hidden_size=HIDDEN,
             intermediate_size=INTER,
             params_dtype=torch.bfloat16,
-            quant_config=quant_config(weight_only),
+            quant_config=quant_config(weight_only, raw),
             tp_size=1,
             dp_size=1,
             pcp_size=1,
@@ -252,32 +253,69 @@ def test_vllm_0_33_routes_weight_only_checkpoints_to_w4a16(cpu_vllm_config, spy)
     assert make_layer(weight_only=False).quant_method.use_a16 is False
 
 
-def test_register_stands_down_once_and_changes_nothing(cpu_vllm_config, spy, fix_log, monkeypatch):
-    handled, _ = moe_fix.vllm_handles_weight_only_nvfp4()
-    if not handled:  # an older vLLM: make the probe say "handled" to reach the path
-        monkeypatch.setattr(
-            moe_fix, "vllm_handles_weight_only_nvfp4", lambda: (True, "test: handled")
-        )
-    original = modelopt.ModelOptNvFp4FusedMoE.__dict__["create_weights"]
-    moe_fix.register("1.0")
-    moe_fix.register("1.0")  # every vLLM process may call it more than once
-    assert not moe_fix.hooks_installed()
-    assert modelopt.ModelOptNvFp4FusedMoE.__dict__["create_weights"] is original
-    stand_down = [m for m in fix_log.messages() if "standing down" in m]
-    assert len(stand_down) == 1
-    assert moe_fix.ENV_VAR in stand_down[0]
+# The checkpoint forms the hook decides on, as config.json / hf_quant_config.json give them to
+# vLLM's ModelOptNvFp4Config.from_config, and whether vLLM 0.33 runs their MoE layers on the W4A4
+# path (which reads input_scale) or on W4A16.
+LEGACY_WEIGHT_ONLY = {"quantization": {"quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": None,
+                                       "exclude_modules": []}}
+MIXED_GROUPS = copy.deepcopy(moe_fix.FULL_NVFP4_CONFIG)
+MIXED_GROUPS["config_groups"] = {
+    "attention": {"targets": ["re:.*self_attn.*"], "weights": moe_fix._NVFP4_WEIGHTS,
+                  "input_activations": moe_fix._NVFP4_ACTIVATIONS},
+    "experts": {"targets": ["re:.*mlp.experts.*"], "weights": moe_fix._NVFP4_WEIGHTS, "input_activations": None},
+}
+CHECKPOINT_FORMS = {
+    # name: (raw config, vLLM 0.33 reads the activation scales of its MoE layers)
+    "config_groups_all_weight_only": (moe_fix.WEIGHT_ONLY_NVFP4_CONFIG, False),
+    "legacy_hf_quant_config_weight_only": (LEGACY_WEIGHT_ONLY, True),
+    "mixed_groups_moe_weight_only": (MIXED_GROUPS, True),
+    "w4a4": (moe_fix.FULL_NVFP4_CONFIG, True),
+}
 
-    # Nothing is marked or filled: the scales a checkpoint provides reach vLLM as loaded.
-    layer = make_layer()
-    assert not (bits(layer.w13_input_scale) == SENT).any()
+
+@pytest.mark.skipif(
+    not vllm.__version__.startswith("0.33."), reason="documents vLLM 0.33.x routing"
+)
+@pytest.mark.parametrize("form", sorted(CHECKPOINT_FORMS))
+def test_register_decides_per_checkpoint_form(form, cpu_vllm_config, spy, fix_log):
+    """Through ``register`` as vLLM calls it: the hook stays on even where vLLM 0.33 routes an
+    all-weight-only config itself, leaves the layers vLLM runs on W4A16 alone, and fills the
+    never-loaded scales of the legacy and mixed forms that vLLM still sends down W4A4."""
+    raw, reads = CHECKPOINT_FORMS[form]
+    moe_fix.register("0.75")
+    moe_fix.register("0.75")  # every vLLM process may call it more than once
+    assert moe_fix.hooks_installed()
+    layer = make_layer(raw=raw)
+    assert moe_fix._reads_checkpoint_input_scales(layer.quant_method) is reads
+    assert layer.quant_method.use_a16 is (not reads)
+    load(layer, random_checkpoint(11, input_scales=None))
+    seen = process(layer, spy)
+    if reads:
+        assert torch.equal(seen["a13_scale"], torch.full((E, 2), 0.75))
+        assert torch.equal(seen["a2_scale"], torch.full((E,), 0.75))
+        (warning,) = fix_log.messages(logging.WARNING)
+        assert PREFIX in warning and "24 of 24" in warning
+    else:
+        assert layer not in moe_fix._STATE.marked and moe_fix.last_summary() is None
+        assert not (bits(layer.w13_input_scale) == SENT).any()
+        assert any("W4A16" in m and PREFIX in m for m in fix_log.messages())
+        assert not fix_log.messages(logging.WARNING)
+    installs = [m for m in fix_log.messages() if "will be set to 0.75" in m]
+    assert len(installs) == 1
+
+
+def test_provided_scales_are_kept_with_register(cpu_vllm_config, spy, fix_log):
+    """The checkpoint provides every scale: nothing changes, bit for bit, and the log says so."""
+    moe_fix.register("1.0")
+    layer = make_layer(raw=LEGACY_WEIGHT_ONLY)
     provided = {(e, p): 0.01 * (e + 1) for e in range(E) for p in PROJ}
     load(layer, random_checkpoint(0, provided))
     seen = process(layer, spy)
     w13, w2 = expected_scales(provided, fill=float("nan"))
     assert torch.equal(bits(seen["a13_scale"]), bits(w13))
     assert torch.equal(bits(seen["a2_scale"]), bits(w2))
-    assert moe_fix.last_summary() is None
-    assert len(fix_log.records) == 1
+    assert moe_fix.last_summary().num_filled == 0
+    assert any("nothing was filled" in m for m in fix_log.messages())
 
 
 def test_register_installs_hooks_once_when_vllm_does_not_handle(monkeypatch, fix_log):

@@ -1,6 +1,6 @@
 """NVFP4 MoE input-scale fix: no silent zero from an activation scale the checkpoint never filled.
 
-The fault (SPEC §1, issue 6)
+The fault
 ----------------------------
 vLLM's ModelOpt NVFP4 MoE method, ``ModelOptNvFp4FusedMoE`` in
 ``vllm/model_executor/layers/quantization/modelopt.py``, registers two per-tensor activation
@@ -24,11 +24,12 @@ With ``VLLM_GLM53_MOE_INPUT_SCALE=<float>`` (read by
 
 1. validates the value (positive, finite) and fails start-up with a clear error otherwise;
 2. asks the running vLLM how it treats a weight-only NVFP4 config
-   (:func:`vllm_handles_weight_only_nvfp4`). If vLLM already distinguishes it from a W4A4 config
-   (vLLM 0.33 promotes ``quant_algo`` ``NVFP4`` to ``W4A16_NVFP4`` when every config group has
-   ``input_activations: null``, and its MoE method then never reads the activation scales), the
-   hook logs that once and installs nothing;
-3. otherwise wraps, at run time and idempotently, ``ModelOptNvFp4FusedMoE.create_weights`` and
+   (:func:`vllm_handles_weight_only_nvfp4`), for the log line only: vLLM 0.33 promotes
+   ``quant_algo`` ``NVFP4`` to ``W4A16_NVFP4`` when every config group has
+   ``input_activations: null``, but a legacy ``hf_quant_config.json`` checkpoint (no
+   ``config_groups``) and a mixed config (only some groups weight-only) still take the W4A4 path
+   with scales nobody loads, so the decision is made per layer below;
+3. wraps, at run time and idempotently, ``ModelOptNvFp4FusedMoE.create_weights`` and
    ``ModelOptNvFp4FusedMoE.process_weights_after_loading`` (no vLLM file is modified):
 
    - right after ``create_weights`` both input-scale tensors are overwritten with a sentinel bit
@@ -457,6 +458,7 @@ class _State:
         self.value: float | None = None
         self.decision: tuple[bool | None, str] | None = None  # probe result, once per process
         self.stand_down_logged = False
+        self.skip_logged = False  # the one line about layers on vLLM's W4A16 path
         self.originals: dict[str, Any] = {}  # method name -> class __dict__ entry (or _ABSENT)
         self.hooked_class: type | None = None
         # Layers marked in create_weights and not yet processed: layer -> marked names.
@@ -529,12 +531,14 @@ def _after_create_weights(method: Any, layer: torch.nn.Module) -> None:
         if _STATE.value is None:
             return
         if not _reads_checkpoint_input_scales(method):
-            logger.debug(
-                "%s: %s does not read activation scales (weight-only/per-token path); not "
-                "marked.",
-                ENV_VAR,
-                _layer_name(layer),
-            )
+            if not _STATE.skip_logged:
+                _STATE.skip_logged = True
+                logger.info(
+                    "%s: %s and layers like it run on vLLM's weight-only (W4A16) or per-token "
+                    "path, which reads no checkpoint activation scales; left as they are.",
+                    ENV_VAR,
+                    _layer_name(layer),
+                )
             return
         marked = mark_input_scales_unloaded(layer)
         if marked:
@@ -659,8 +663,10 @@ def register(value: str) -> None:
     ``vllm.general_plugins`` entry point, run in every vLLM process) when
     ``VLLM_GLM53_MOE_INPUT_SCALE`` is set.
 
-    Idempotent: the probe runs once per process, the wrappers are installed once, the stand-down
-    message is logged once.
+    Idempotent: the probe runs once per process, the wrappers are installed once, each message
+    is logged once. The wrappers decide per layer: a layer vLLM runs on its W4A16 path, and every
+    scale the checkpoint provides, is left alone; the rest take ``value``. Only a vLLM without
+    ``ModelOptNvFp4FusedMoE`` makes the hook stand down as a whole.
 
     Args:
         value: the variable's text, e.g. ``"1.0"``.
@@ -684,21 +690,14 @@ def register(value: str) -> None:
                     "%s=%s is ignored: %s. Nothing is changed.", ENV_VAR, value, reason
                 )
             return
-        if handled:
-            if not _STATE.stand_down_logged:
-                _STATE.stand_down_logged = True
-                logger.info(
-                    "%s=%s: standing down, the running vLLM already handles weight-only NVFP4 "
-                    "MoE checkpoints (%s). Nothing is changed; the variable can be removed.",
-                    ENV_VAR,
-                    value,
-                    reason,
-                )
-            return
+        # Decided per layer, not per vLLM: even a vLLM that routes an all-weight-only config to
+        # W4A16 (0.33) sends legacy hf_quant_config.json checkpoints and mixed configs down the
+        # W4A4 path with never-loaded scales. The hooks leave W4A16 layers and provided scales.
         if install_hooks(scale):
             logger.info(
-                "%s=%g: NVFP4 MoE activation input scales the checkpoint does not provide will "
-                "be set to %g (%s).",
+                "%s=%g: NVFP4 MoE activation input scales that the checkpoint does not provide "
+                "will be set to %g in layers vLLM runs on its W4A4 path; layers on its W4A16 "
+                "path and scales the checkpoint provides are left as they are (%s).",
                 ENV_VAR,
                 scale,
                 scale,
