@@ -1,4 +1,4 @@
-// PyTorch ops over the kernel library: torch.ops.sparse_mla_bw.* (SPEC §2 item 2).
+// PyTorch ops over the kernel library: torch.ops.sparse_mla_bw.*.
 // Tensors are described to the framework-free host API (sparse_mla/api.h), which checks every
 // argument before anything is launched; this file only translates types and errors.
 #include <ATen/cuda/CUDAContext.h>

@@ -1,6 +1,6 @@
 """GPU tests of the sparse-MLA kernel (marker ``gpu``; skipped without CUDA). The same case
 builder as ``verify``: fresh random inputs, NaN in unreferenced cache rows, NaN-poisoned outputs,
-fp32 reference, SPEC §5 bars."""
+fp32 reference, verify's bars."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def test_bf16_cache_values_outside_fp16_range(value_scale_log2, num_heads, num_t
 def test_fp8_ds_mla_accuracy_at_small_topk(topk, masking, block_heads):
     """fp8_ds_mla's P carries the key scales; in one fp16 part it rounds even a row's dominant
     terms, and these rows, where a few keys dominate, measured 0.9999975-0.9999979 (bench/NOTES.md
-    v14). With P as fp16 hi + lo every bar of SPEC §5 must hold (tools/fp8_p_rounding.py
+    v14). With P as fp16 hi + lo every bar of verify must hold (tools/fp8_p_rounding.py
     predicts 0.9999997). 32 heads at D = 576, 272 tokens: v14's inputs (the case seed hashes the
     shape), a grid of more blocks than SMs on the H200 (raw tiles there)."""
     _check(verify.run_case(Case(head_size=576, num_heads=32, topk=topk, num_tokens=272,

@@ -273,7 +273,7 @@ def test_workspace_size_grows_with_sms():
 
 @pytest.mark.parametrize("rope", [True, False])
 def test_fp8_ds_mla_byte_layout(rope):
-    """The 656-byte record of SPEC §3.3 written by the CPU op: latent e4m3 at [0,512), four fp32
+    """vLLM's 656-byte fp8_ds_mla record written by the CPU op: latent e4m3 at [0,512), four fp32
     per-128 scales at [512,528) equal to amax/448 (vLLM's rule), bf16 rope at [528,656) or zeros."""
     torch.manual_seed(0)
     kv_c = (torch.randn(3, 512) * torch.tensor([1.0, 10.0, 0.01, 1000.0]).repeat_interleave(128)).bfloat16()

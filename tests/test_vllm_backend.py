@@ -1,4 +1,4 @@
-"""The vLLM integration (SPEC §4, issue 5) against the real vLLM (pinned 0.33.0), on CPU.
+"""The vLLM integration against the real vLLM (pinned 0.33.0), on CPU.
 
 - the ``vllm.general_plugins`` entry point is found by vLLM's own loader and is inert without
   ``VLLM_GLM53_CUDA_SPARSE_MLA`` (in a subprocess, so this process's registry stays clean);

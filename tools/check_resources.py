@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build-time resource check of every kernel in a compiled binary (SPEC §3.2).
+"""Build-time resource check of every kernel in a compiled binary.
 
 Reads ``cuobjdump --dump-resource-usage`` of the module: registers, static shared memory, stack
 and local memory per kernel and per target. The forward kernels carry their dynamic

@@ -10,7 +10,7 @@ per P V step, as the bf16 cache does in bf16). This script emulates that arithme
 norms; only P rounded, per 32-key tile and column tile as the kernel does, but not the fp32
 roundings of exp2 and of p * scale, so its hi + lo figure is close to exact by construction) on
 a verify case and prints the per-row minimum cosine against the fp32 reference rounded to out's
-dtype, the SPEC §5 metric, with P exact, in one fp16 part, and as fp16 hi + lo:
+dtype, verify's metric, with P exact, in one fp16 part, and as fp16 hi + lo:
 
     python tools/fp8_p_rounding.py [--num-heads 32] [--topk 128] [--num-tokens 272]
 

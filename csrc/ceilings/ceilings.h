@@ -1,4 +1,4 @@
-// The two ceilings the benchmark reports against (SPEC §6), measured with the project's own
+// The two ceilings the benchmark reports against, measured with the project's own
 // small kernels in the same run: random-row gather bandwidth, and the mma.sync bf16 peak.
 #pragma once
 

@@ -1,5 +1,5 @@
 // Host API of the sparse-MLA forward and of the cache writer: every precondition of the entry
-// points in one place, checked before any launch (SPEC §3.3). Framework-free: the torch binding
+// points in one place, checked before any launch. Framework-free: the torch binding
 // describes its tensors with TensorDesc, and the GoogleTest suite drives the same checks.
 #pragma once
 

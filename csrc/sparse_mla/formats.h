@@ -1,4 +1,4 @@
-// Model constants and KV-cache formats of sparse MLA (SPEC §1, §3.3). One source of truth: the
+// Model constants and KV-cache formats of sparse MLA. One source of truth: the
 // kernel, the host checks and (through the `format_constants` op) the Python side read these.
 #pragma once
 

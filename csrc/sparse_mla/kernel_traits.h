@@ -36,7 +36,7 @@ struct SparseMlaFwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim == kHeadSizeNoPE || kHeadDim == kHeadSizeRoPE, "D must be 512 or 576");
 
-  // Precision plan (SPEC §5 asks for per-row cosine >= 0.999998, i.e. little beyond the final
+  // Precision plan (verify's bar asks for per-row cosine >= 0.999998, i.e. little beyond the final
   // rounding of out). Cache values enter the MMA exactly: bf16 caches as bf16, fp16 caches as
   // fp16, e4m3 values (exactly representable in fp16) as fp16, with their scales applied in
   // fp32. q enters exactly too (in fp16's range): as is, bf16 -> fp16, or fp16 -> bf16 split into

@@ -1,4 +1,4 @@
-// The sparse-MLA forward kernel (SPEC §3.1) on the warp-level mma.sync path.
+// The sparse-MLA forward kernel on the warp-level mma.sync path.
 //
 // Grid: x = token * head_blocks + head_block (blocks of one token are adjacent, so the KV rows
 // they share are read from DRAM once and from L2 after), y = split of the top-k axis.
@@ -82,7 +82,7 @@ __device__ __forceinline__ void head_group_sync(int grp) {
 }
 
 // kSmemBytes is a template argument so that the launch size is in the kernel's name in the
-// binary: tools/check_resources.py reads it back with cuobjdump (SPEC §3.2).
+// binary: tools/check_resources.py reads it back with cuobjdump.
 template <typename Traits, int kSmemBytes>
 __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     sparse_mla_fwd_kernel(const SparseMlaFwdParams p) {

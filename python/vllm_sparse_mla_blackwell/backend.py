@@ -1,4 +1,4 @@
-"""The vLLM sparse-MLA attention backend over this package's ops (SPEC §2 item 3, §4).
+"""The vLLM sparse-MLA attention backend over this package's ops.
 
 One file in the shape of vLLM's own backends (``vllm/v1/attention/backends/mla/``):
 

@@ -1,5 +1,5 @@
-"""``python -m vllm_sparse_mla_blackwell bench``: decode/prefill timing against measured ceilings
-(SPEC §6).
+"""``python -m vllm_sparse_mla_blackwell bench``: decode/prefill timing against measured
+ceilings.
 
 For every shape (model x heads x query tokens) and cache dtype it times the kernel as vLLM runs
 it, in a CUDA graph of back-to-back calls (median of 5 replays after ~50 ms of warm-up; index

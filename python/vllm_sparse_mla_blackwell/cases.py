@@ -1,4 +1,4 @@
-"""Inputs of the correctness case matrix (SPEC §5): one function builds a paged, NaN-poisoned cache
+"""Inputs of the correctness case matrix: one function builds a paged, NaN-poisoned cache
 and the index tensor for a case, so that ``verify`` and the GPU tests draw the same kind of data.
 """
 
@@ -208,7 +208,7 @@ class CaseResult:
     min_cosine_raw: float = 1.0       # as min_cosine, against the unrounded fp32 reference
 
 
-# SPEC §5 bars for every kv cache dtype (fp8 against the dequantised cache).
+# verify's bars for every kv cache dtype (fp8 against the dequantised cache).
 MAX_REL_ERR = 4e-3
 MIN_COSINE = 0.999998
 MAX_LSE_ERR = 1e-3
@@ -222,7 +222,7 @@ def _row_metrics(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
 
 
 def compare(case: Case, inputs: CaseInputs, out: torch.Tensor, lse: torch.Tensor) -> CaseResult:
-    """Compare a kernel result with the fp32 reference on the same inputs (SPEC §5 metrics).
+    """Compare a kernel result with the fp32 reference on the same inputs (verify's metrics).
 
     out is bf16/fp16, so even a perfect kernel differs from the fp32 reference by the rounding of
     out (unit roundoff 2^-8 for bf16: per-row relative error up to 3.9e-3, per-row cosine down to

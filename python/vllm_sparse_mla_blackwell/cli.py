@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--png", default="bench_roofline.png", metavar="PATH", help="roofline plot (default bench_roofline.png)")
     # Repeated options add up (--kv bf16 --kv fp8_e4m3); duplicates are dropped below.
     b.add_argument("--tokens", type=_ints, action="extend", metavar="T,T,...",
-                   help=f"query-token counts, 1..{MAX_BENCH_TOKENS} (default: SPEC §6's; --quick: 1,64,1024)")
+                   help=f"query-token counts, 1..{MAX_BENCH_TOKENS} (default: the decode and prefill set; --quick: 1,64,1024)")
     b.add_argument("--kv", type=_names, action="extend", metavar="DTYPE,...",
                    help="cache dtypes among bf16,fp16,fp8_e4m3,fp8_ds_mla (default all)")
     b.add_argument("--models", type=_names, action="extend", metavar="NAME,...",

@@ -1,4 +1,4 @@
-"""Model and cache-format constants (SPEC §1, §3.3).
+"""Model and cache-format constants.
 
 The C++ side defines the same facts in ``csrc/sparse_mla/formats.h``;
 ``tests/test_ops_cpu.py::test_format_constants_agree_with_cpp`` checks that the two agree through

@@ -1,4 +1,4 @@
-"""PyTorch ops of the sparse-MLA kernel library (SPEC §2 item 2, §3).
+"""PyTorch ops of the sparse-MLA kernel library.
 
 The ops are registered in C++ (``csrc/torch_binding.cpp``) under ``torch.ops.sparse_mla_bw``
 with ``TORCH_LIBRARY``; this module loads that library, adds fake (meta) implementations for
@@ -190,7 +190,7 @@ def sparse_mla_fwd(
     workspace: torch.Tensor | None = None,
     block_heads: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sparse-MLA attention over ``topk`` gathered cache rows per query token (SPEC §3.1).
+    """Sparse-MLA attention over ``topk`` gathered cache rows per query token.
 
     ``out[t,h] = softmax_j(sm_scale * q[t,h]·K(idx[t,j])) @ V(idx[t,j])`` over the valid slots j,
     with ``K = row[:D]``, ``V = row[:512]`` of the absorbed-MLA cache (DeepSeek-V3.2 paper, §2.1;

@@ -1,4 +1,4 @@
-"""fp32 reference of the sparse-MLA forward (SPEC §3.1) and of the cache formats (SPEC §3.3).
+"""fp32 reference of the sparse-MLA forward and of the cache formats.
 
 The same functions serve the tests, ``verify``, and the op's CPU implementation. They are plain
 PyTorch, chosen for clarity over speed; the query-token axis is processed in chunks so that the
@@ -28,7 +28,7 @@ def _exact_fp32_matmul():
 def valid_index_mask(
     indices: torch.Tensor, num_kv_rows: int, topk: int, topk_len: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``valid(t, j)`` of SPEC §3.1 as a bool tensor ``[T, topk]``.
+    """``valid(t, j)`` as a bool tensor ``[T, topk]``.
 
     A slot is valid when ``0 <= indices[t, j] < num_kv_rows`` and, if ``topk_len`` is given,
     ``j < topk_len[t]``. ``indices`` is int32 ``[T, >= topk]``; only its first ``topk`` columns count.

@@ -1,4 +1,4 @@
-"""``python -m vllm_sparse_mla_blackwell verify``: the SPEC §5 case matrix on the GPU.
+"""``python -m vllm_sparse_mla_blackwell verify``: the correctness case matrix on the GPU.
 
 Every case draws fresh random inputs (cases.make_inputs: shuffled block tables, NaN in every cache
 row no valid index refers to, NaN-poisoned outputs), runs the installed op and compares it with
@@ -111,7 +111,7 @@ def run_case(case: Case, device: torch.device) -> CaseResult:
 
 
 def run_graph_case(head_size: int, device: torch.device) -> CaseResult:
-    """SPEC §5: capture at batch 8, replay with 6 real and 2 padded rows (indices -1)."""
+    """Capture at batch 8, replay with 6 real and 2 padded rows (indices -1)."""
     case = Case(head_size=head_size, num_heads=16, topk=2048, num_tokens=8, masking="none")
     inputs = cases.make_inputs(case, device)
     q = inputs.q.clone()
@@ -227,7 +227,7 @@ def main(quick: bool = False, json_path: str | None = None, fp8: bool = True) ->
         if device_fault:
             break  # the CUDA context is unusable after a device fault
 
-    summary = Table(title="verify summary (SPEC §5)")
+    summary = Table(title="verify summary")
     for col in ("group", "cases", "worst rel err", "min cosine", "min cosine vs fp32", "worst lse err",
                 "masked exact", "passed"):
         summary.add_column(col, justify="right" if col not in ("group",) else "left")
