@@ -350,6 +350,46 @@ def test_bench_command_line_narrows_the_shapes(monkeypatch):
             cli.main(["bench", option, bad])
 
 
+@pytest.mark.parametrize("kv, code", [("int4", 2), ("bfloat16,fp8", None)])
+def test_bench_unknown_cache_dtype_is_a_usage_error_and_vllm_names_work(kv, code, monkeypatch):
+    """Exit 2 (bad arguments) before any GPU check; vLLM's spellings map to bench's own."""
+    from vllm_sparse_mla_blackwell import bench, cli
+
+    if code is None:
+        seen = {}
+        monkeypatch.setattr(bench, "run", lambda **kw: seen.update(kw) or ([], {}))
+        monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
+        assert cli.main(["bench", "--kv", kv]) == 3  # past the name check, stopped at "no GPU"
+    else:
+        assert cli.main(["bench", "--kv", kv]) == code
+
+
+@pytest.mark.parametrize("sm_scale", ["abc", None, True, torch.tensor(0.1)])
+def test_sm_scale_that_is_no_number_is_named(sm_scale):
+    q = torch.randn(1, 1, 576, dtype=torch.bfloat16)
+    out = torch.full((1, 1, 512), float("nan"), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="sm_scale must be a finite float32"):
+        ops.sparse_mla_fwd(q, torch.zeros(4, 576, dtype=torch.bfloat16), torch.zeros(1, 4, dtype=torch.int32),
+                           sm_scale, out=out)
+    assert out.isnan().all()
+
+
+def test_meta_and_cpu_tensors_mixed_are_refused():
+    """A meta tensor sends the call to the fake implementation; it must not pass silently."""
+    q = torch.randn(1, 1, 576, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="kv_cache must be on the same device as q"):
+        ops.sparse_mla_fwd(q, torch.zeros(4, 576, dtype=torch.bfloat16, device="meta"),
+                           torch.zeros(1, 4, dtype=torch.int32), 0.1)
+    with pytest.raises(ValueError, match="kv_cache must be on the same device as kv_c"):
+        ops.concat_and_cache_sparse_mla(torch.ones(1, 512, dtype=torch.bfloat16), None,
+                                        torch.zeros(4, 512, dtype=torch.bfloat16, device="meta"),
+                                        torch.zeros(1, dtype=torch.int64), "auto")
+    # All on meta (shape propagation, torch.compile's fake tensors): fine.
+    out, lse = ops.sparse_mla_fwd(q.to("meta"), torch.zeros(4, 576, dtype=torch.bfloat16, device="meta"),
+                                  torch.zeros(1, 4, dtype=torch.int32, device="meta"), 0.1)
+    assert out.device.type == "meta" and out.shape == (1, 1, 512) and lse.shape == (1, 1)
+
+
 def test_command_line_output_in_a_log_is_not_cut_to_80_columns(same_package_env):
     """Redirected output (a file, a CI log) keeps whole lines: rich would wrap at 80 columns."""
     env = same_package_env(CUDA_VISIBLE_DEVICES="")  # the no-GPU message, on any machine
@@ -377,8 +417,8 @@ def test_bench_pools_every_cache_format_at_its_row_size():
 def test_bench_refuses_unknown_names_before_looking_for_a_gpu():
     from vllm_sparse_mla_blackwell import bench
 
-    assert bench.main(kv_dtypes=("fp8_e5m2",)) == 1
-    assert bench.main(models=("GLM-6",)) == 1
+    assert bench.main(kv_dtypes=("fp8_e5m2",)) == 2
+    assert bench.main(models=("GLM-6",)) == 2
 
 
 def test_case_inputs_are_the_same_in_every_process(same_package_env):

@@ -33,6 +33,7 @@ MODELS = {
 }
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096)
 KV_DTYPES = ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla")  # every cache format the kernel reads
+KV_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "fp8": "fp8_e4m3"}  # vLLM's --kv-cache-dtype names
 POOL_ROWS = 1 << 18  # 256K rows: 302 MB at 1152 B/row, far beyond L2
 INDEX_SETS = 4
 NAIVE_MAX_TOKENS = 64
@@ -230,18 +231,20 @@ def main(json_path: str = "bench.json", png_path: str = "bench_roofline.png", qu
          models: tuple[str, ...] | None = None, naive: bool = True) -> int:
     """Run ``run`` (``quick``: T in 1, 64, 1024 and a short idle; ``tokens``, ``kv_dtypes``,
     ``models`` narrow the shapes, ``naive`` adds the PyTorch baseline), print the table, write
-    JSON and PNG. Returns the exit status: 0 done, 1 matplotlib missing, an unknown model or
-    cache dtype, or the library cannot run on this GPU, 3 no GPU."""
+    JSON and PNG. Returns the exit status: 0 done, 1 matplotlib missing or the library cannot
+    run on this GPU, 2 an unknown model or cache dtype, 3 no GPU."""
     from rich.console import Console
     from rich.progress import track
     from rich.table import Table
 
     console = Console()
+    kv_dtypes = None if kv_dtypes is None else tuple(KV_ALIASES.get(k, k) for k in kv_dtypes)
     unknown = sorted(set(kv_dtypes or ()) - set(KV_DTYPES)) + sorted(set(models or ()) - set(MODELS))
     if unknown:
         console.print(f"[bold red]unknown cache dtype or model: {', '.join(unknown)}[/] "
-                      f"(cache dtypes: {', '.join(KV_DTYPES)}; models: {', '.join(MODELS)})")
-        return 1
+                      f"(cache dtypes: {', '.join(KV_DTYPES)} or vLLM's {', '.join(KV_ALIASES)}; "
+                      f"models: {', '.join(MODELS)})")
+        return 2
     if not torch.cuda.is_available():
         console.print("[bold red]bench needs a CUDA GPU and none is visible.[/] Exit 3.")
         return 3

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--tokens", type=_ints, action="extend", metavar="T,T,...",
                    help=f"query-token counts, 1..{MAX_BENCH_TOKENS} (default: the decode and prefill set; --quick: 1,64,1024)")
     b.add_argument("--kv", type=_names, action="extend", metavar="DTYPE,...",
-                   help="cache dtypes among bf16,fp16,fp8_e4m3,fp8_ds_mla (default all)")
+                   help="cache dtypes among bf16,fp16,fp8_e4m3,fp8_ds_mla, or vLLM's bfloat16,float16,fp8 (default all)")
     b.add_argument("--models", type=_names, action="extend", metavar="NAME,...",
                    help="GLM-5.3-Flash and/or DeepSeek-V3.2 (default both)")
     b.add_argument("--no-naive", action="store_true", help="skip the naive PyTorch baseline")

@@ -49,13 +49,24 @@ def _ops():
 
 if EXTENSION_ERROR is None:
 
+    def _same_device(**tensors) -> None:
+        # The dispatcher sends a call with any meta tensor here, CPU tensors beside it included:
+        # name the odd one out instead of returning as if it had run.
+        (first, ref), *rest = [(n, t) for n, t in tensors.items() if t is not None]
+        for name, t in rest:
+            if t.device != ref.device:
+                raise ValueError(f"{name} must be on the same device as {first} ({ref.device}), got {t.device}")
+
     @torch.library.register_fake(f"{NAMESPACE}::sparse_mla_fwd")
     def _sparse_mla_fwd_fake(q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, workspace,
                              sm_scale, topk, kv_cache_dtype, block_heads=0):
+        _same_device(q=q, q_pe=q_pe, kv_cache=kv_cache, indices=indices, topk_len=topk_len, k_scale=k_scale,
+                     out=out, lse=lse, workspace=workspace)
         return None
 
     @torch.library.register_fake(f"{NAMESPACE}::concat_and_cache_sparse_mla")
     def _concat_and_cache_fake(kv_c, k_pe, kv_cache, slot_mapping, k_scale, kv_cache_dtype):
+        _same_device(kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping, k_scale=k_scale)
         return None
 
     @torch.library.impl(f"{NAMESPACE}::sparse_mla_fwd", "CPU")
@@ -224,12 +235,15 @@ def sparse_mla_fwd(
 
     Raises:
         ValueError: any bad argument (dtype, rank, shape, device, alignment, unsupported H or
-            D, topk < 1, block_heads not 16 or 32, or 32 with 16 or fewer heads), naming the
+            D, topk < 1, sm_scale not a finite float32, block_heads not 16 or 32, or 32 with 16 or
+            fewer heads, tensors on different devices, meta ones included), naming the
             argument, before any launch; nothing is written then.
         RuntimeError: the op library is not built, or a CUDA error.
     """
     if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int)):
         raise ValueError(f"topk must be an int or None, got {topk!r}")
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+        raise ValueError(f"sm_scale must be a finite float32 (a Python float), got {sm_scale!r}")
     if block_heads is not None and (isinstance(block_heads, bool) or not isinstance(block_heads, int)
                                     or block_heads not in (16, 32)):
         raise ValueError(f"block_heads must be 16, 32 or None, got {block_heads!r}")
