@@ -1,5 +1,5 @@
 """Where the warps of a profiled kernel wait: ncu's per-instruction stall samples summed by
-opcode, and the most-sampled instructions. How the v9 stall in bench/NOTES.md was found:
+opcode, and the most-sampled instructions. How the v9 stall in bench/HISTORY.md was found:
 
     ncu --clock-control none -k regex:sparse_mla_fwd -c 1 --section SourceCounters \\
         --section WarpStateStats -o rep python bench/profile_shape.py --heads 128 --tokens 256 --calls 1

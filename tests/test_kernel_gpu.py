@@ -81,7 +81,7 @@ def test_bf16_cache_values_outside_fp16_range(value_scale_log2, num_heads, num_t
     """bf16 cache values beyond fp16's range (2^17: ~60 % of them past 65,520, up to ~2^19) and
     in its subnormals (2^-14: ~10 % of them below 2^-17) meet the bars: the bf16 cache's MMAs
     take V as stored (P V in fp16 with V converted, and a bf16 fallback pass, ran 0.95-1.00x in
-    v17: bench/NOTES.md). q is scaled by the inverse, so the scores are the usual ones. 64 heads
+    v17: bench/HISTORY.md). q is scaled by the inverse, so the scores are the usual ones. 64 heads
     run the 32-head kernel, whose running max moves lazily (kernel_traits.h kLazyRescale)."""
     _check(verify.run_case(Case(head_size=head_size, num_heads=num_heads, topk=2048, num_tokens=num_tokens,
                                 value_scale_log2=value_scale_log2, block_heads=block_heads), torch.device("cuda")))
@@ -91,7 +91,7 @@ def test_bf16_cache_values_outside_fp16_range(value_scale_log2, num_heads, num_t
 @pytest.mark.parametrize("topk, masking", [(96, "topk_len"), (128, "none")])
 def test_fp8_ds_mla_accuracy_at_small_topk(topk, masking, block_heads):
     """fp8_ds_mla's P carries the key scales; in one fp16 part it rounds even a row's dominant
-    terms, and these rows, where a few keys dominate, measured 0.9999975-0.9999979 (bench/NOTES.md
+    terms, and these rows, where a few keys dominate, measured 0.9999975-0.9999979 (bench/HISTORY.md
     v14). With P as fp16 hi + lo every bar of verify must hold (tools/fp8_p_rounding.py
     predicts 0.9999997). 32 heads at D = 576, 272 tokens: v14's inputs (the case seed hashes the
     shape), a grid of more blocks than SMs on the H200 (raw tiles there)."""

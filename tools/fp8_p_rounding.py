@@ -17,7 +17,7 @@ dtype, verify's metric, with P exact, in one fp16 part, and as fp16 hi + lo:
 On the default case (DeepSeek-V3.2's D = 576, 32 heads, topk 128, 272 tokens: few keys dominate
 each row, and thousands of rows) it printed fp8_ds_mla 0.9999997 / 0.9999979 / 0.9999997 and
 fp8_e4m3 0.9999995 / 0.9999988 / 0.9999995 (exact / fp16 / hi + lo). The H200 measured
-0.9999979 for fp8_ds_mla with one fp16 part (bench/NOTES.md v14), so the kernel added nothing
+0.9999979 for fp8_ds_mla with one fp16 part (bench/HISTORY.md v14), so the kernel added nothing
 beyond this rounding; with hi + lo the format passes every bar at small topk (v15).
 """
 

@@ -91,7 +91,7 @@ SplitPlan plan_splits(int num_tokens, int num_heads, int head_groups, KvFormat f
 // of the decode combine covers (params.h kCombineDecodeOneRound = 68; a second round cost
 // 1.4-1.6 us at T = 1). On the H200 one-tile splits ran 1.04-1.13x at 8-16 rows (T = 1 at 8 and
 // 16 heads, DeepSeek's T = 2 at 8; fp16 1.04-1.05x, the others 1.07-1.13x), but 0.95-1.005x at 32
-// rows, whose partial results are twice as large (bench/NOTES.md v19).
+// rows, whose partial results are twice as large (bench/HISTORY.md v19).
 constexpr int kMinTilesPerSplit = 2;
 constexpr int kOneTileSplitMaxRows = 16;
 constexpr int kMaxSplitBlocksPerSm = 3;
@@ -116,7 +116,7 @@ constexpr double kCombineBytesPerTile = 64.0 * 1024;
 //   replaces: 0.988-1.105x); crediting blocks of 2-3 tiles picked plans of 0.86-0.97x but one.
 // The plans this changed from v20's rule (blocks of 8 tiles or more, more than one per SM) ran
 // 0.99-1.18x on the H200 (39 plans at T = 2-128, 35 of them 1.02-1.18x), 0.99-1.07x with sm_120's
-// occupancy (6 plans; bench/NOTES.md v21).
+// occupancy (6 plans; bench/HISTORY.md v21).
 constexpr double kCoResidentTileTime = 0.7;
 constexpr int kCoResidentMinTiles = 8;
 constexpr double kCoResidentTileTimeThree = 0.65;
@@ -137,7 +137,7 @@ double co_resident_tile_time(KvFormat format, int num_tokens, int num_heads, int
 // ran 0.99-1.28x the 32-head ones at 32-128 heads (T = 1 1.07-1.28x, fp8 1.01-1.21x at T >= 64),
 // but the fp16 cache's 0.89-0.97x at T >= 16 (GLM H32 T = 16: 1.03x; why is not known); with
 // sm_120's occupancy (one 16-head 16-bit or fp8_ds_mla D576 block per SM) 0.79-0.99x at T >= 64
-// for those, 1.06-1.28x where this rule picks them at decode (v18 in bench/NOTES.md). The counts
+// for those, 1.06-1.28x where this rule picks them at decode (v18 in bench/HISTORY.md). The counts
 // are the main kernels': the one-stage 16-bit variant's two 16-head blocks per sm_120 SM were part
 // of that 0.91-0.99x (the launches there took it where plan_fwd_splits picks it).
 int plan_head_groups(int num_tokens, int num_heads, KvFormat format, int topk, int num_sms, int64_t workspace_bytes,
@@ -145,7 +145,7 @@ int plan_head_groups(int num_tokens, int num_heads, KvFormat format, int topk, i
 
 // Layout of the combine pass of a split launch (params.h combine_split_groups):
 // kCombineDecodeSplitGroups thread groups over the splits when the num_tokens x num_heads rows
-// leave SMs idle (decode), else one group (combine_kernel.cuh; bench/NOTES.md v10).
+// leave SMs idle (decode), else one group (combine_kernel.cuh; bench/HISTORY.md v10).
 int combine_split_groups(int num_tokens, int num_heads, int num_splits, int num_sms);
 
 // Whether an SM holds one block of a configuration's main kernel but two or more of its
@@ -163,7 +163,7 @@ constexpr bool variant_raises_occupancy(int blocks_per_sm, int variant_blocks_pe
 // least kOneStageMinTiles (the last split, or a shorter topk_len, may have fewer) or the grid is
 // unsplit with two blocks for every SM. With sm_120's occupancy on the H200
 // (SPARSE_MLA_SM120_OCCUPANCY=1): T = 64 (4 splits of 16-17 tiles) 1.11-1.19x, T = 256 and 1024
-// 1.20-1.25x (bench/NOTES.md v11, v12); split plans of 2-8 tiles per block, which lose the tile a
+// 1.20-1.25x (bench/HISTORY.md v11, v12); split plans of 2-8 tiles per block, which lose the tile a
 // two-stage block prefetches, 0.85-0.96x (v11).
 bool one_stage_plan(int num_tokens, int num_heads, int head_groups, const SplitPlan& plan, int num_sms);
 constexpr int kOneStageMinTiles = 16;
@@ -173,7 +173,7 @@ constexpr int kOneStageMinTiles = 16;
 // one_stage set; else where it holds for the paired-scores variant of raw fp8 tiles
 // (kernel_traits.h PairedScores; paired_scores_blocks_per_sm, 0: none), the plan at its
 // occupancy with paired_scores set (with sm_120's occupancy on the H200, 16-head fp8_ds_mla at D
-// = 576: 1.17-1.27x the decode-once variant at T >= 64, both two per SM; bench/NOTES.md v22);
+// = 576: 1.17-1.27x the decode-once variant at T >= 64, both two per SM; bench/HISTORY.md v22);
 // else where it holds for the decode-once fp8 variant (DecodedFp8; decoded_fp8_blocks_per_sm),
 // the plan at that variant's occupancy with decoded_fp8 set (with sm_120's occupancy, the 16-head
 // fp8_ds_mla D576 kernel of raw tiles, one per SM, ran 0.90-0.99x the decode-once one, two per
@@ -188,7 +188,7 @@ SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int head_groups, KvForm
 // shared memory (kernel_traits.h DecodedFp8) rather than per MMA fragment: the grid is one
 // wave, at most one block per SM, where the raw tiles' extra conversions lengthen every tile
 // and their smaller shared-memory traffic does not pay (T = 1, 4, 16: 0.81-0.95x with raw tiles;
-// T >= 64 at 16 heads 1.07-1.30x; bench/NOTES.md v13); or the device (sm_version, 10 x major +
+// T >= 64 at 16 heads 1.07-1.30x; bench/HISTORY.md v13); or the device (sm_version, 10 x major +
 // minor) predates sm_89's e4m3 -> f16x2 instruction, where each of the raw path's twice as many
 // conversions is a software sequence (unmeasured there, so the decode-once kernel of v12 runs).
 // The one-wave rule needs num_sms > 0; sm_version 0 is unknown. plan_sparse_mla_fwd plans

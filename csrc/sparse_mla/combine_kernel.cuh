@@ -19,7 +19,7 @@ namespace sparse_mla {
 // G = 4 when the (token, head) rows leave SMs idle (decode), with each row's 128 float4 columns
 // spread over kColumnSlices blocks so that more SMs share its loads (one block per row was bound
 // by what one SM loads: T = 1 took the same ~3.7 us at 8 and 128 heads; four blocks, 1.07-1.10x
-// at T = 1 and 4 with <= 32 heads, eight no more; bench/NOTES.md v12); G = 1, one block per row,
+// at T = 1 and 4 with <= 32 heads, eight no more; bench/HISTORY.md v12); G = 1, one block per row,
 // small blocks with few registers, when the rows alone fill the GPU (T = 64, H = 16: 1024 rows,
 // where one 512-thread block per SM ran 1.4x slower). The planner picks G (api.cpp
 // combine_split_groups).
@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(CombineConfig<kSplitGroups, kDecodeLoads>::kTh
   // offset. A decode combine runs one warp per scheduler, where each instruction after the wait
   // is latency: with a [split, T, H] layout (64-bit index arithmetic per split) and lse loops over
   // the split count, ~1,020 SASS instructions stood between the wait and the row's lse, ~280
-  // now, and T = 1 ran 1.11-1.24x faster (bench/NOTES.md v20).
+  // now, and T = 1 ran 1.11-1.24x faster (bench/HISTORY.md v20).
   const float* lse_of = p.partial_lse + static_cast<int64_t>(row) * num_splits;  // [split]
   const float4* out_of = reinterpret_cast<const float4*>(p.partial_out) +
                          static_cast<int64_t>(row) * num_splits * kFloat4PerRow + col;  // [split][128]

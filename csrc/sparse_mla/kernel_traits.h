@@ -24,7 +24,7 @@ constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 // stay raw in shared memory (false for the decode-once variant that api.h plan_fwd_splits and
 // decoded_fp8_plan pick, and always for fp8_e4m3's 32-head blocks at D = 512, which ran
 // 0.94-1.00x with raw tiles on the H200, v13; fp8_ds_mla's, 0.98x in v14, ran 1.03-1.04x in v15
-// once its softmax was shared; bench/NOTES.md). kPairedScores: the PairedScores variant below
+// once its softmax was shared; bench/HISTORY.md). kPairedScores: the PairedScores variant below
 // (partial scores in one buffer per pair of warps), which plan_fwd_splits picks.
 template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2,
           bool kFp8RawTiles_ = !is_fp8(kFormat_) || kHeadGroups_ == 1 || kHeadDim_ == kHeadSizeRoPE ||
@@ -45,7 +45,7 @@ struct SparseMlaFwdTraits {
   // of the fp16 and fp8_e4m3 caches, whose P rounds p itself (exact for a row's largest, 1).
   // fp8_ds_mla's P carries the key scales (below), so fp16 rounds even the dominant terms: rows
   // where a few keys dominate reached 0.9999975 (topk 96-128; tools/fp8_p_rounding.py,
-  // bench/NOTES.md v14), and its P is split into hi + lo fp16 too (v15: >= 0.9999994).
+  // bench/HISTORY.md v14), and its P is split into hi + lo fp16 too (v15: >= 0.9999994).
   static constexpr bool kMmaBf16 = kFormat == KvFormat::kBFloat16;
   using Element = std::conditional_t<kMmaBf16, __nv_bfloat16, __half>;  // MMA operand type
   static constexpr bool kQConvert = !std::is_same_v<QElement, Element>;
@@ -58,7 +58,7 @@ struct SparseMlaFwdTraits {
   // passes it by more than kLazyRescaleLog2 (so p <= 2^8 while |m| < 2^27, where fp32 still adds
   // 8 exactly; O's headroom shrinks by as much), and a warp whose 16 heads all kept theirs skips
   // O's rescale. For P in hi + lo parts (16+ bits) only: one fp16 part's precision plan relies on
-  // p <= 1, whose largest term, 1, is exact. On the H200 (bench/NOTES.md v17) the bf16 cache's
+  // p <= 1, whose largest term, 1, is exact. On the H200 (bench/HISTORY.md v17) the bf16 cache's
   // 32-head blocks with bf16 q ran 1.018-1.029x faster at T >= 64; its 16-head blocks
   // 0.981-0.997x, fp8_ds_mla's 0.976-1.045x (32-head at T = 1024: 0.985-0.991x), so only those.
   static constexpr bool kLazyRescale = kBf16QAndCache32Heads;
@@ -70,7 +70,7 @@ struct SparseMlaFwdTraits {
   // epilogue (both exact). Each warp's P differs (its column tile's scales), so the softmax
   // threads write p in fp32, and every warp builds its own P fragments from it in registers
   // (kRegisterP): no P copies in shared memory. (v14 ran the softmax in every warp instead, which
-  // saved a barrier but read the four partial scores four times: bench/NOTES.md v15.)
+  // saved a barrier but read the four partial scores four times: bench/HISTORY.md v15.)
   static constexpr bool kDsMla = kFormat == KvFormat::kFp8DsMla;
   static constexpr bool kRegisterP = kDsMla;
 
@@ -96,7 +96,7 @@ struct SparseMlaFwdTraits {
   // bf16 cache's 32-head blocks with bf16 q (one per SM, two warps per scheduler) ran
   // 1.02-1.04x faster on the H200 at T >= 64; the fp16 cache's 0.975-1.017x, 16-head blocks
   // 0.99-1.01x, fp8 ones 0.88-1.03x (22 more registers, 168 -> 190, cost fp8_e4m3's 16-head
-  // D512 kernel its third block per SM); bench/NOTES.md v16. fp16 q with a bf16 cache (q in two
+  // D512 kernel its third block per SM); bench/HISTORY.md v16. fp16 q with a bf16 cache (q in two
   // parts) keeps one chain: unmeasured, and at 238 of 255 registers already.
   static constexpr bool kSTwoChains = kBf16QAndCache32Heads;
   // fp8 register loader: 4 or 8 threads per KV row (cp.async gathers use 8 in every block).
@@ -111,15 +111,15 @@ struct SparseMlaFwdTraits {
   // below). fp8 tiles stay raw there, one byte per value (fp8_ds_mla: its record as stored,
   // scales and bf16 rope included, without the rope at D = 512), and are decoded per MMA
   // fragment as the S and P V phases read them: half the shared-memory traffic of a decoded
-  // tile, which bound the 16-head fp8 kernels (ncu, bench/NOTES.md v12), for 1.9-2x (16 heads)
+  // tile, which bound the 16-head fp8 kernels (ncu, bench/HISTORY.md v12), for 1.9-2x (16 heads)
   // or 3.8-4x (32 heads) the conversions; in launches of one wave of blocks, each alone on its
-  // SM, those cost more than they save (bench/NOTES.md v13), and the DecodedFp8 variant below
+  // SM, those cost more than they save (bench/HISTORY.md v13), and the DecodedFp8 variant below
   // runs there (fp8_e4m3's 32-head blocks at D = 512: always; kFp8RawTiles above).
   // In that variant fp8 rows are loaded into registers one tile ahead and decoded on the way
   // into shared memory; 32-head blocks (one per SM anyway) decode into a second stage at the end
   // of the tile before, where it fits the ceiling (fp8_ds_mla's, without P copies, always does),
   // 16-head ones into their one stage between two barriers of their own, which keeps two of them
-  // on an sm_120 SM (bench/NOTES.md v11).
+  // on an sm_120 SM (bench/HISTORY.md v11).
   static constexpr bool kRawFp8 = is_fp8(kFormat) && kFp8RawTiles_;
   static constexpr bool kDirectCopy = kFormat == KvFormat::kBFloat16 || kFormat == KvFormat::kFloat16 || kRawFp8;
   static constexpr int kQParts = kQSplit ? 2 : 1;
@@ -182,7 +182,7 @@ struct SparseMlaFwdTraits {
   // an sm_120 SM with a second one: fp8_ds_mla's raw tiles at D = 576, 52,608 bytes, 47,488
   // paired, which api.h plan_fwd_splits runs where it raises the occupancy (at sm_120's occupancy
   // 1.17-1.27x the decode-once kernel at T >= 64, 16 heads; on the H200, where the main kernel
-  // holds two blocks per SM too, 0.96-0.98x the main one; bench/NOTES.md v22).
+  // holds two blocks per SM too, 0.96-0.98x the main one; bench/HISTORY.md v22).
   static constexpr bool kHasPairedScoresVariant =
       !kPairedScores && kDirectCopy && kHeadGroups == 1 && sm120_blocks_by_smem(kSmemBytes) < 2 &&
       sm120_blocks_by_smem(kSmemBytes - kWarpsPerGroup / 2 * kSmemSPartBytes) >= 2;

@@ -16,7 +16,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 
 // 16-byte async copy; src_bytes = 0 zero-fills the destination and reads nothing from src.
 // .ca (through L1) rather than .cg: 4-7 % faster on the H200 for the gathered rows
-// (bench/NOTES.md, v4).
+// (bench/HISTORY.md, v4).
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
                "r"(valid ? 16 : 0));

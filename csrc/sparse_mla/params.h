@@ -71,7 +71,7 @@ constexpr int kCombineDecodeSplitGroups = 4;
 // splits beyond that run a variant of kCombineDecodeMoreLoads, whose one round covers GLM's
 // 2176-row top-k in one-tile splits (68); more splits than that take rounds of the 16-load kernel.
 // Each load in flight costs where it is not needed: with <= 64 splits, 20 loads ran 0.954-0.976x
-// on the H200 wherever the decode combine runs, 17 loads down to 0.976x (bench/NOTES.md v19).
+// on the H200 wherever the decode combine runs, 17 loads down to 0.976x (bench/HISTORY.md v19).
 constexpr int kCombineDecodeLoads = 16;
 constexpr int kCombineDecodeMoreLoads = 17;
 constexpr int kCombineDecodeOneRound = kCombineDecodeSplitGroups * kCombineDecodeMoreLoads;

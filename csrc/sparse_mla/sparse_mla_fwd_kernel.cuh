@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   };
   // ... from next_row, which then takes the rows of tile + 1. The gathers go first: with the
   // next tile's index loads ahead of them, GLM's 16-head fp8_e4m3 kernel ran 0.87-0.93x
-  // (bench/NOTES.md v10).
+  // (bench/HISTORY.md v10).
   auto issue_tile = [&](int tile, int stage) {
     issue_rows(next_row, tile, stage);
     load_rows(tile + 1, next_row);
@@ -466,7 +466,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         *reinterpret_cast<float4*>(s_in) = make_float4(pr[0], pr[1], pr[2], pr[3]);
       } else {
         // (Written as the loop over fp8_ds_mla's per-warp P copies it was until v13: this form
-        // reproduces the SASS the other formats were measured with, bench/NOTES.md v13.)
+        // reproduces the SASS the other formats were measured with, bench/HISTORY.md v13.)
         Element* p_row = sP + sm_g * Traits::kPBuffers * Traits::kSmemPBufferElems + (sm_h % 16) * Traits::kPPitch + sm_k;
 #pragma unroll
         for (int w = 0; w < 1; ++w) {
@@ -598,7 +598,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Lets the combine pass (a programmatic dependent, see launch_template.cuh) be scheduled as
   // the blocks of this grid reach their epilogue; it still waits for this grid's completion.
-  // (Triggered at the start, it slowed 128-block T = 1 launches by 2-4 us; see bench/NOTES.md.)
+  // (Triggered at the start, it slowed 128-block T = 1 launches by 2-4 us; see bench/HISTORY.md.)
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 
@@ -631,7 +631,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     // column 16 n + 4 (lane % 4) + 2 e + odd of the warp's 128, so a run is four columns (k = 2 e
     // + odd) and one store covers 64 contiguous bytes of partial results per row, where the two
     // half-width stores it replaces each left every other 8 bytes unwritten (fp8 split launches
-    // ran up to 1.18x faster, bench/NOTES.md v23); otherwise acc_o[n][2 half + k] is column
+    // ran up to 1.18x faster, bench/HISTORY.md v23); otherwise acc_o[n][2 half + k] is column
     // 8 n + 2 (lane % 4) + k.
     constexpr int kRun = Traits::kRawFp8 ? 4 : 2;
     auto col = [&](int n) {

@@ -4,7 +4,7 @@ ceilings.
 For every shape (model x heads x query tokens) and cache dtype it times the kernel as vLLM runs
 it, in a CUDA graph of back-to-back calls (median of 5 replays after ~50 ms of warm-up; index
 sets rotated so that calls do not hit each other's rows in L2; about a second of idle before
-each (shape, cache dtype) timing, as a GPU slows under sustained load: bench/NOTES.md v16), and
+each (shape, cache dtype) timing, as a GPU slows under sustained load: bench/HISTORY.md v16), and
 in the same run measures the two ceilings with the project's own kernels: the random-row gather
 of the same rows at the same slots, and the mma.sync bf16 peak. It prints a table and writes a
 JSON file and a roofline PNG.
@@ -139,7 +139,7 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
         progress=None) -> tuple[list[Row], dict]:
     """Time every (model, heads, tokens) shape for each cache dtype, with the gather ceiling at
     the same slots, each after ``idle_s`` seconds of idle (without it between dtypes, the third
-    of four ran up to 1.31x slower: bench/NOTES.md v16); ``naive`` adds the PyTorch baseline for
+    of four ran up to 1.31x slower: bench/HISTORY.md v16); ``naive`` adds the PyTorch baseline for
     T <= 64 (bf16 only). ``progress`` wraps the shape list (e.g. ``rich.progress.track``).
     Returns the rows (µs, GB/s, TFLOP/s and their fractions of the ceilings) and run metadata
     (device, measured mma.sync peak, date)."""

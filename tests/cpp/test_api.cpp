@@ -277,7 +277,7 @@ TEST(SplitPlan, AThirdBlockPerSmSharesItsTiles) {
 
 TEST(SplitPlan, ShortBlocksCreditedLessThanLongOnes) {
   // bf16, T = 12 x 16 heads: 11 splits of 6 tiles, one block per SM, stay (at
-  // kCoResidentTileTime, 16 of 4 would be planned: 0.97x measured, bench/NOTES.md v21).
+  // kCoResidentTileTime, 16 of 4 would be planned: 0.97x measured, bench/HISTORY.md v21).
   expect_h200_plan(12, 16, KvFormat::kBFloat16, 2048, 2, 11, 6);
   // Blocks of 3 tiles get no credit: GLM H8 T = 8 keeps 14 splits of 5 tiles (one per SM).
   expect_h200_plan(8, 8, KvFormat::kBFloat16, 2176, 2, 14, 5);

@@ -20,7 +20,7 @@ void expect_stages(int stages_16_heads, int stages_32_heads) {
   if constexpr (kFormat == KvFormat::kFp8E4m3 || kFormat == KvFormat::kFp8DsMla) {
     // Two 16-head fp8 blocks share an sm_120 SM, with two stages of raw tiles (but fp8_ds_mla
     // at D = 576, 52,608 bytes, and its paired-scores variant, 47,488) or one decoded stage
-    // (decoded ones stay at one: with two, one block, 0.64-0.96x, bench/NOTES.md v11).
+    // (decoded ones stay at one: with two, one block, 0.64-0.96x, bench/HISTORY.md v11).
     const bool raw_fits = !(kFormat == KvFormat::kFp8DsMla && kHeadDim == kHeadSizeRoPE);
     EXPECT_EQ(sm120_blocks_by_smem(Group1::kSmemBytes), raw_fits ? 2 : 1) << "D " << kHeadDim;
     EXPECT_EQ(Group1::kHasPairedScoresVariant, !raw_fits) << "D " << kHeadDim;
@@ -86,7 +86,7 @@ TEST(KernelTraits, Fp8DsMlaTilesStayRawAsStored) {
   static_assert(!SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, 576, 1>::kHasPairedScoresVariant);
   static_assert(!SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, 576, 1>::OneStage::kHasPairedScoresVariant);
   static_assert(SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 2>::kRawFp8);
-  // Unlike fp8_e4m3's, its 32-head blocks at D = 512 keep tiles raw too (bench/NOTES.md v15).
+  // Unlike fp8_e4m3's, its 32-head blocks at D = 512 keep tiles raw too (bench/HISTORY.md v15).
   using DsMlaGlm32 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 512, 2>;
   static_assert(DsMlaGlm32::kRawFp8 && !DsMlaGlm32::kScaleBuffer && DsMlaGlm32::kHasDecodedFp8Variant);
   static_assert(DsMlaGlm32::DecodedFp8::kScaleBuffer);
@@ -173,7 +173,7 @@ void expect_rules_of_every_shape() {
 }  // namespace
 
 TEST(KernelTraits, OnlyBf16QAndCacheThirtyTwoHeadBlocksAccumulateSInTwoChainsAndRescaleLazily) {
-  // Each rule's measurements are in kernel_traits.h beside it (bench/NOTES.md v16, v17).
+  // Each rule's measurements are in kernel_traits.h beside it (bench/HISTORY.md v16, v17).
   for (auto check : {expect_rules_of_every_shape<__nv_bfloat16, KvFormat::kBFloat16>,
                      expect_rules_of_every_shape<__half, KvFormat::kBFloat16>,
                      expect_rules_of_every_shape<__nv_bfloat16, KvFormat::kFloat16>,
