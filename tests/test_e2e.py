@@ -116,11 +116,88 @@ def test_evaluate_without_vllm_kernels_uses_the_fallback_bar(tmp_path):
     assert not e2e.evaluate(runs, records, tmp_path)["passed"]
 
 
+def test_what_cannot_be_compared_fails_instead_of_agreeing(tmp_path):
+    """A NaN in any prompt's logits, a missing logits row, or an empty capture: NaN, no pass."""
+    good = _result([[1, 2], [3, 4]], [torch.ones(2, 8), torch.ones(2, 8)], [torch.ones(3, 8), torch.ones(3, 8)])
+    nan_second = _result([[1, 2], [3, 4]], [torch.ones(2, 8), torch.ones(2, 8)],
+                         [torch.ones(3, 8), torch.full((3, 8), float("nan"))])
+    no_steps = _result([[1, 2], [3, 4]], [torch.empty(0, 8), torch.empty(0, 8)], [torch.ones(3, 8), torch.ones(3, 8)])
+    short_prompt = _result([[1, 2], [3, 4]], [torch.ones(2, 8), torch.ones(2, 8)], [torch.ones(3, 8), torch.ones(2, 8)])
+    bar = e2e.FALLBACK_BARS[DS.name]
+    assert e2e.within(e2e.agreement(good, good), bar)
+    for bad in (nan_second, no_steps, short_prompt):
+        assert not e2e.within(e2e.agreement(bad, good), bar)
+        assert not e2e.within(e2e.agreement(good, bad), bar)
+    # A reference pair that could not be compared poisons the bar, in any position.
+    ok, broken = e2e.agreement(good, good), e2e.agreement(nan_second, good)
+    for pairs in ([ok, broken], [broken, ok]):
+        assert not e2e.within(ok, e2e.spread(pairs))
+
+
+def _records(runs, **overrides):
+    ok = {"ok": True, "tokens_per_s": 1.0, "kv_tokens": 1, "start_s": 1, "impls": ["SparseMLABlackwellImpl"]}
+    recs = {r.key: dict(ok, key=r.key) for r in runs}
+    for key, value in overrides.items():
+        recs[key] = value
+    return recs
+
+
+def test_no_bar_when_planned_vllm_kernels_did_not_run_or_disagree_wildly(tmp_path):
+    torch.manual_seed(2)
+    base = torch.randn(3, 16)
+    runs = [Run(DS.name, EXACT, "bfloat16", False), Run(DS.name, OURS, "bfloat16", False),
+            Run(DS.name, "FLASHMLA_SPARSE", "bfloat16", False)]
+    for run in runs:
+        torch.save(_result([[1, 2, 3]], [base], [base]), tmp_path / f"{run.key}.pt")
+    assert e2e.evaluate(runs, _records(runs), tmp_path)["passed"]
+    failed_ref = _records(runs, **{runs[2].key: {"key": runs[2].key, "ok": False, "error": "boom"}})
+    report = e2e.evaluate(runs, failed_ref, tmp_path)
+    assert not report["passed"] and "not measured" in report["models"][DS.name]["bar"]["problem"]
+    torch.save(_result([[1, 2, 3]], [-base], [-base]), tmp_path / f"{runs[2].key}.pt")  # a broken reference
+    report = e2e.evaluate(runs, _records(runs), tmp_path)
+    assert not report["passed"] and "broken reference" in report["models"][DS.name]["bar"]["problem"]
+
+
+def test_a_run_where_another_impl_served_some_layers_fails(tmp_path):
+    runs = [Run(GLM.name, EXACT, "bfloat16", False), Run(GLM.name, OURS, "bfloat16", False)]
+    for run in runs:
+        torch.save(_result([[1]], [torch.ones(1, 4)], [torch.ones(1, 4)]), tmp_path / f"{run.key}.pt")
+    mixed = _records(runs)
+    mixed[runs[1].key]["impls"] = ["FlashMLASparseImpl", "SparseMLABlackwellImpl"]
+    assert not e2e.evaluate(runs, mixed, tmp_path)["passed"]
+
+
+def test_workers_restart_after_a_failed_run_and_blame_only_a_crash(tmp_path, monkeypatch):
+    """RESTART: the worker recorded its failure and asks for a fresh process (no blame); any other
+    non-zero exit took the run it was in."""
+    runs = [Run(GLM.name, OURS, "bfloat16", False), Run(GLM.name, OURS, "fp8", False),
+            Run(GLM.name, OURS, "fp8_ds_mla", False)]
+    script = iter([("ok", "fail"), ("crash",), ("ok",)])  # what each worker does, run by run
+
+    def fake_run(cmd, timeout):
+        spec = json.loads((tmp_path / "spec.json").read_text())
+        pending = [Run(**r) for r in spec["runs"]]
+        with open(tmp_path / "runs.jsonl", "a") as f:
+            for run, action in zip(pending, next(script)):
+                if action == "crash":
+                    return type("P", (), {"returncode": -11})()
+                f.write(json.dumps({"key": run.key, "ok": action == "ok", "error": "" if action == "ok" else "x"}) + "\n")
+                if action == "fail":
+                    return type("P", (), {"returncode": e2e.RESTART})()
+        return type("P", (), {"returncode": 0})()
+
+    monkeypatch.setattr(e2e.subprocess, "run", fake_run)
+    records = e2e._run_workers(runs, {}, tmp_path, False, deadline=1e18)
+    assert [records[r.key]["ok"] for r in runs] == [True, False, False]
+    assert records[runs[1].key]["error"] == "x" and "worker exited (-11)" in records[runs[2].key]["error"]
+
+
 @pytest.mark.parametrize("argv", [["e2e", "--kv", "int4"], ["e2e", "--models", "llama"], ["e2e", "--modes", "fast"],
-                                  ["e2e", "--time-budget", "0"]])
+                                  ["e2e", "--time-budget", "0"], ["e2e", "--time-budget", "nan"]])
 def test_cli_rejects_bad_arguments_with_exit_2(argv, capsys):
     assert cli.main(argv) == 2
-    assert "e2e: unknown" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("e2e: ") and argv[-1] in err
 
 
 # ---------------------------------------------------------------------------------------------

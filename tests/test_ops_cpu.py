@@ -230,6 +230,32 @@ def test_cache_writer_follows_the_block_stride():
     assert torch.equal(storage, want)
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda: torch.zeros(64, 512, dtype=torch.bfloat16).as_strided((4, 16, 512), (256, 8, 1)),
+     "kv_cache rows must not overlap (stride(1) >= 512)"),
+    (lambda: torch.zeros(1, 512, dtype=torch.bfloat16).expand(4, 512), "kv_cache rows must not overlap (stride(0)"),
+    (lambda: torch.zeros(512, dtype=torch.bfloat16).expand(4, 4, 512), "kv_cache rows must not overlap (stride(1)"),
+    (lambda: torch.zeros(64, 512, dtype=torch.bfloat16).as_strided((4, 4, 512), (1536, 512, 1)),
+     "kv_cache blocks must not overlap (stride(0) >= (shape[1] - 1) * stride(1) + shape[2])"),
+    (lambda: torch.zeros(64, 656, dtype=torch.uint8).as_strided((8, 656), (16, 1)),
+     "kv_cache rows must not overlap (stride(0) >= 656)"),
+], ids=["rows-in-a-block", "expanded-2d", "expanded-3d", "blocks", "ds-mla-2d"])
+def test_cache_writer_refuses_overlapping_rows_and_writes_nothing(make, message):
+    cache = make()
+    fmt = "fp8_ds_mla" if cache.dtype == torch.uint8 else "auto"
+    before = cache.clone()
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ops.concat_and_cache_sparse_mla(torch.ones(2, 512, dtype=torch.bfloat16), None, cache,
+                                        torch.arange(2), fmt)
+    assert torch.equal(cache, before)
+
+
+def test_forward_refuses_overlapping_rows():
+    rows = torch.zeros(64, 576, dtype=torch.bfloat16).as_strided((8, 576), (8, 1))
+    with pytest.raises(ValueError, match=re.escape("kv_cache rows must not overlap")):
+        ops.sparse_mla_fwd(torch.randn(1, 1, 576, dtype=torch.bfloat16), rows, torch.zeros(1, 4, dtype=torch.int32), 0.1)
+
+
 def test_forward_still_needs_evenly_spaced_blocks():
     q = torch.randn(1, 1, 512, dtype=torch.bfloat16)
     cache = torch.zeros(3, 12, 512, dtype=torch.bfloat16)[:, 4:8]

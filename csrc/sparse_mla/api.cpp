@@ -164,14 +164,22 @@ int64_t check_kv_cache(const TensorDesc& kv, KvFormat fmt, int head_size, BlockS
     fail("kv_cache last dim must be ", width, " for this kv_cache_dtype and head_size ", head_size,
          ", got shape ", shape_str(kv));
   require_vector_rows(kv, "kv_cache");
+  // Rows must not overlap: a write would race with another, a read see another row's tail.
+  const int64_t row_stride = kv.strides[kv.dim - 2];
+  const int64_t rows_here = kv.dim == 3 ? (block_stride == BlockStride::kEvenRows ? kv.sizes[0] * kv.sizes[1]
+                                                                                  : kv.sizes[1])
+                                        : kv.sizes[0];
+  if (rows_here > 1 && row_stride < width)
+    fail("kv_cache rows must not overlap (stride(", kv.dim - 2, ") >= ", width, "), got shape ", shape_str(kv),
+         " and stride ", row_stride);
   if (kv.dim == 3 && kv.sizes[0] > 1 && kv.sizes[1] > 0) {
     const int64_t block_rows_span = kv.sizes[1] * kv.strides[1];
     if (block_stride == BlockStride::kEvenRows && kv.strides[0] != block_rows_span)
       fail("kv_cache blocks must be evenly spaced rows (stride(0) == shape[1] * stride(1)), got shape ",
            shape_str(kv), " strides (", kv.strides[0], ", ", kv.strides[1], ", ", kv.strides[2], ")");
-    if (block_stride == BlockStride::kAtLeastBlock && kv.strides[0] < block_rows_span)
-      fail("kv_cache blocks must not overlap (stride(0) >= shape[1] * stride(1)), got shape ", shape_str(kv),
-           " strides (", kv.strides[0], ", ", kv.strides[1], ", ", kv.strides[2], ")");
+    if (block_stride == BlockStride::kAtLeastBlock && kv.strides[0] < block_rows_span - kv.strides[1] + width)
+      fail("kv_cache blocks must not overlap (stride(0) >= (shape[1] - 1) * stride(1) + shape[2]), got shape ",
+           shape_str(kv), " strides (", kv.strides[0], ", ", kv.strides[1], ", ", kv.strides[2], ")");
   }
   return kv.dim == 3 ? kv.sizes[0] * kv.sizes[1] : kv.sizes[0];
 }

@@ -388,6 +388,7 @@ class SparseMLABlackwellImpl(SparseMLACommonImpl[SparseMLABlackwellMetadata]):
     #: kernel: the exact baseline of the end-to-end check (``e2e.py``) on GPUs where vLLM has no
     #: sparse-MLA kernel of its own. Eager mode only; set in-process by that check, not a user knob.
     _exact_reference: ClassVar[bool] = False
+    _exact_calls: ClassVar[int] = 0  # forwards it served, which the check asserts
 
     is_sparse = True
     supports_dense_mha_prefill = False
@@ -638,6 +639,7 @@ class SparseMLABlackwellImpl(SparseMLACommonImpl[SparseMLABlackwellMetadata]):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``forward_mqa`` through the fp32 reference: per chunk of tokens, gather and decode only
         the rows the indices name (the cache itself may be tens of GB), then attend in fp32."""
+        SparseMLABlackwellImpl._exact_calls += 1
         head_size = formats.KV_LORA_RANK + (0 if q_pe is None else q_pe.shape[-1])
         k_scale = layer._k_scale if self.kv_cache_dtype in _FP8_PER_TENSOR else None
         num_rows = kv_rows.shape[0]

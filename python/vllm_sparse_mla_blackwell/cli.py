@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--kv", type=_names, action="extend", metavar="DTYPE,...",
                    help="kv cache dtypes among bfloat16,fp8,fp8_ds_mla (default all)")
     e.add_argument("--modes", type=_names, action="extend", metavar="MODE,...",
-                   help="eager and/or graphs (CUDA graphs with torch.compile; default both)")
+                   help="eager and/or graphs (enforce_eager=False: vLLM's default CUDA graphs; default both)")
     e.add_argument("--quick", action="store_true", help="half the prompts, 8 generated steps, a small batch")
     e.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     e.add_argument("--work-dir", metavar="DIR", help="model configs and per-run results (default: a new temp dir)")

@@ -35,22 +35,37 @@ def register_sparse_mla_backend() -> None:
     except Exception as exc:  # noqa: BLE001 - any failure here must leave vLLM running
         if not _BACKEND_ERROR_LOGGED:
             _BACKEND_ERROR_LOGGED = True
-            # vLLM's logger where it imports (its handler and format), else the root one.
+            version = _vllm_version()
+            too_old = isinstance(exc, ImportError) and version is not None and _older(version, MIN_VLLM_VERSION)
+            # vLLM's logger (its handler and format).
             logging.getLogger("vllm").error(
-                "vllm_sparse_mla_blackwell: %s=1 is ignored: this vLLM (%s) cannot host the "
-                "sparse-MLA backend (%s: %s); it needs vLLM >= %s. vLLM's own attention backend "
-                "choice is unchanged.",
-                SPARSE_MLA_ENV, _vllm_version(), type(exc).__name__, exc, MIN_VLLM_VERSION,
+                "vllm_sparse_mla_blackwell: %s=1 is ignored: %s (%s: %s). vLLM's own attention "
+                "backend choice is unchanged.",
+                SPARSE_MLA_ENV,
+                f"this vLLM ({version}) cannot host the sparse-MLA backend; it needs vLLM >= "
+                f"{MIN_VLLM_VERSION}" if too_old else f"the sparse-MLA backend failed to load on vLLM {version}",
+                type(exc).__name__,
+                exc,
             )
 
 
-def _vllm_version() -> str:
+def _vllm_version() -> str | None:
     try:
         from importlib.metadata import version
 
-        return f"vllm {version('vllm')}"
+        return version("vllm")
     except Exception:  # noqa: BLE001
-        return "vllm, version unknown"
+        return None
+
+
+def _older(version: str, than: str) -> bool:
+    """``version < than`` by release numbers (``0.26.0`` < ``0.33.0``; dev/local suffixes ignored)."""
+    import re
+
+    def release(v: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
+
+    return release(version) < release(than)
 
 
 def register_moe_input_scale_fix() -> None:
