@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from vllm_sparse_mla_blackwell.envs import SPARSE_MLA_ENV
+
 OURS = "SPARSE_MLA_BLACKWELL"
 EXACT = "EXACT"  # this backend with the fp32 reference attention
 VLLM_BACKENDS = ("FLASHMLA_SPARSE", "FLASH_ATTN_MLA_SPARSE")
@@ -425,7 +427,7 @@ def worker_main(spec_path: str) -> int:
     # vLLM in this process: the exact-reference switch and the weight initialiser live here.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    os.environ["VLLM_GLM53_CUDA_SPARSE_MLA"] = "1"
+    os.environ[SPARSE_MLA_ENV] = "1"
     _stub_missing_cutedsl()
     _install_realistic_dummy_weights()
     out_dir = Path(spec["out_dir"])

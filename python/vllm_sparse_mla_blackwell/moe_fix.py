@@ -59,7 +59,7 @@ from typing import Any
 import torch
 from vllm.logger import init_logger
 
-from vllm_sparse_mla_blackwell.plugins import MOE_INPUT_SCALE_ENV as ENV_VAR  # the value's variable
+from vllm_sparse_mla_blackwell.envs import MOE_INPUT_SCALE_ENV as ENV_VAR  # the value's variable
 
 # Under the "vllm." hierarchy so that vLLM's logging configuration (handler, format, level)
 # applies; a logger outside it would print nothing below WARNING.

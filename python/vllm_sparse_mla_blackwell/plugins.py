@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import os
 
-SPARSE_MLA_ENV = "VLLM_GLM53_CUDA_SPARSE_MLA"
-MOE_INPUT_SCALE_ENV = "VLLM_GLM53_MOE_INPUT_SCALE"
+from vllm_sparse_mla_blackwell.envs import MOE_INPUT_SCALE_ENV, SPARSE_MLA_ENV
+
 #: The oldest vLLM release the backend is written and tested against.
 MIN_VLLM_VERSION = "0.33.0"
 

@@ -1,0 +1,7 @@
+"""The environment variables this package reads (one place, imported by the plugin entry points,
+the MoE fix and the end-to-end check; importing it costs nothing)."""
+
+#: ``1``: register the sparse-MLA attention backend and make it vLLM's first choice for sparse MLA.
+SPARSE_MLA_ENV = "VLLM_GLM53_CUDA_SPARSE_MLA"
+#: ``<positive float>``: the NVFP4 MoE activation input scale a checkpoint does not provide.
+MOE_INPUT_SCALE_ENV = "VLLM_GLM53_MOE_INPUT_SCALE"
