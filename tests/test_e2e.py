@@ -205,6 +205,12 @@ def test_cli_rejects_bad_arguments_with_exit_2(argv, capsys):
 # ---------------------------------------------------------------------------------------------
 
 
+def test_model_names_are_case_insensitive(monkeypatch):
+    """bench spells DeepSeek-V3.2; past the name check e2e stops at "no GPU" (3) on a CPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["e2e", "--models", "DeepSeek-V3.2,GLM-5.3-Flash"]) == 3
+
+
 @pytest.mark.parametrize("name", sorted(e2e.MODELS))
 def test_vllm_reads_the_tiny_configs_as_sparse_mla(name, tmp_path):
     pytest.importorskip("vllm")

@@ -239,9 +239,11 @@ def main(json_path: str = "bench.json", png_path: str = "bench_roofline.png", qu
 
     console = Console()
     kv_dtypes = None if kv_dtypes is None else tuple(KV_ALIASES.get(k, k) for k in kv_dtypes)
+    by_lower = {m.lower(): m for m in MODELS}  # e2e spells them in lower case
+    models = None if models is None else tuple(by_lower.get(m.lower(), m) for m in models)
     unknown = sorted(set(kv_dtypes or ()) - set(KV_DTYPES)) + sorted(set(models or ()) - set(MODELS))
     if unknown:
-        console.print(f"[bold red]unknown cache dtype or model: {', '.join(unknown)}[/] "
+        console.print(f"[bold red]bench: unknown cache dtype or model: {', '.join(unknown)}[/] "
                       f"(cache dtypes: {', '.join(KV_DTYPES)} or vLLM's {', '.join(KV_ALIASES)}; "
                       f"models: {', '.join(MODELS)})")
         return 2

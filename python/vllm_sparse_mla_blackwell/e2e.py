@@ -672,7 +672,7 @@ def main(models: tuple[str, ...] | None = None, kv_dtypes: tuple[str, ...] | Non
          work_dir: str | None = None, time_budget_s: float = 3600) -> int:
     """Exit 0 when every run of this backend is selected, runs, and stays within the bar; 1 when one
     does not; 2 for bad arguments; 3 when there is no GPU or no vLLM."""
-    names = models or ("deepseek-v3.2", "glm-5.3-flash")
+    names = tuple(n.lower() for n in models) if models else ("deepseek-v3.2", "glm-5.3-flash")
     unknown = [n for n in names if n not in MODELS]
     bad_kv = [k for k in (kv_dtypes or ()) if k not in KV_CACHE_DTYPES]
     bad_modes = [m for m in (modes or ()) if m not in MODES]
