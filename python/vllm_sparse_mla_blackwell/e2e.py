@@ -17,8 +17,9 @@ prompt token, throughput, and vLLM's KV-cache capacity.
   reference, and asks this backend to stay within twice it. Without a vLLM kernel on the GPU the
   bar is the one measured on an H200 for that model (``FALLBACK_BARS``).
 
-Each configuration runs in a worker process (``vllm`` in-process, ``LLM(...)``); workers write
-``.pt`` results into a work folder and the parent compares them.
+A worker process runs the configurations one after another (vLLM in-process, ``LLM(...)``) and
+writes ``.pt`` results into a work folder; after a failed run a fresh worker takes the rest; the
+parent compares the results.
 """
 
 from __future__ import annotations
@@ -317,7 +318,7 @@ def _step_logits(flat, vocab: int):
     for start, end in zip(flat.start_indices, flat.end_indices):
         if end - start < vocab:
             continue
-        row = torch.empty(vocab)
+        row = torch.full((vocab,), math.nan)  # a token id vLLM did not report stays NaN: no pass
         row[torch.tensor(flat.token_ids[start:end])] = torch.tensor(flat.logprobs[start:end])
         rows.append(row)
     return torch.stack(rows) if rows else torch.empty(0, vocab)
