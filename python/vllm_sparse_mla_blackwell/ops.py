@@ -8,6 +8,7 @@ tests, and wraps the ops in functions with keyword arguments.
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 
 import torch
@@ -242,8 +243,8 @@ def sparse_mla_fwd(
     """
     if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int)):
         raise ValueError(f"topk must be an int or None, got {topk!r}")
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
-        raise ValueError(f"sm_scale must be a finite float32 (a Python float), got {sm_scale!r}")
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
+        raise ValueError(f"sm_scale must be a finite float32 (a real number, not a tensor), got {sm_scale!r}")
     if block_heads is not None and (isinstance(block_heads, bool) or not isinstance(block_heads, int)
                                     or block_heads not in (16, 32)):
         raise ValueError(f"block_heads must be 16, 32 or None, got {block_heads!r}")
