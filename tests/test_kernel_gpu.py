@@ -154,7 +154,7 @@ def _fwd_kernel_configs(prof) -> set[tuple[int, int, str]]:
 
 
 def _planned_block_heads(kv_cache_dtype: str, head_size: int, num_heads: int, split_short: bool) -> int:
-    """The heads per block api.h plan_head_groups gives: 16 up to 16 heads, where an SM holds two
+    """The heads per block planner.h plan_head_groups gives: 16 up to 16 heads, where an SM holds two
     16-head blocks (the fwd_blocks_per_sm op) but for the fp16 cache, or where the 32-head plan
     splits into blocks of fewer than 8 tiles (`split_short`, from the caller's shape); else 32."""
     if num_heads <= 16 or split_short:
@@ -169,7 +169,7 @@ def _planned_block_heads(kv_cache_dtype: str, head_size: int, num_heads: int, sp
 @pytest.mark.parametrize("kv_cache_dtype", verify.KV_16BIT + verify.KV_FP8)
 @pytest.mark.parametrize("head_size", [512, 576])
 def test_head_blocks_as_planned_or_forced(head_size, kv_cache_dtype, num_tokens, block_heads):
-    """64 heads run the block size plan_head_groups picks (api.h; 16-head blocks on a GPU that
+    """64 heads run the block size plan_head_groups picks (planner.h; 16-head blocks on a GPU that
     holds two of them per SM, as the H200 does, but for the fp16 cache, and for T = 1, whose
     32-head plan splits topk 2048 into blocks of two tiles), or the one block_heads forces; the
     profiler must see it, with right values."""
@@ -190,14 +190,14 @@ def test_head_blocks_as_planned_or_forced(head_size, kv_cache_dtype, num_tokens,
 def test_fp8_raw_and_decoded_tile_kernels(head_size, num_heads, block_heads, kv_cache_dtype):
     """An fp8 cache runs its kernel of raw tiles (decoded per MMA fragment) where the grid has
     more blocks than SMs, and the DecodedFp8 variant (each tile decoded once) in grids of one wave
-    (api.h decoded_fp8_plan), always in fp8_e4m3's 32-head blocks at D = 512 (kernel_traits.h), on
+    (planner.h decoded_fp8_plan), always in fp8_e4m3's 32-head blocks at D = 512 (kernel_traits.h), on
     GPUs before sm_89, and for 16-head fp8_ds_mla at D = 576 where an SM holds two decode-once blocks
     but one of raw tiles and fewer than two of the paired-scores variant of raw tiles, which runs
     before it (plan_fwd_splits): the profiler must see each where it is planned, both
     with right values under random masks and topk_len, q strided or split. The one-wave launches
     have two tiles (topk 64: unsplit, T x head blocks <= 28 blocks), the others 2 x SMs tokens of
     16 tiles; all unsplit, so 64 heads run 32-head blocks where forced or where an SM holds one
-    16-head block (api.h plan_head_groups), else 16-head ones."""
+    16-head block (planner.h plan_head_groups), else 16-head ones."""
     from torch.profiler import ProfilerActivity, profile
 
     props = torch.cuda.get_device_properties(0)
@@ -209,7 +209,7 @@ def test_fp8_raw_and_decoded_tile_kernels(head_size, num_heads, block_heads, kv_
     occupancy = [ops.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, bh, decoded_fp8=decoded)
                  for decoded in (False, True)]
     paired = ops.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, bh, paired_scores=True)
-    # api.h variant_raises_occupancy: the paired-scores variant first, then the decode-once one.
+    # planner.h variant_raises_occupancy: the paired-scores variant first, then the decode-once one.
     raw_tiles = raw_tiles and not (occupancy[0] < 2 <= occupancy[1] and paired < 2)
     for num_tokens, topk, raw in ((1, 64, False), (7, 64, False), (2 * sms, 512, raw_tiles)):
         for masking in ("random", "topk_len"):
@@ -267,13 +267,13 @@ def test_sm120_occupancy_emulation(same_package_env):
     and 45,312 bytes, two), and every kernel class
     still launches, asking for about 2.3x its shared memory on an sm_90 (at most 221 KB), and gives
     right values: bf16, fp16 and both fp8 caches, 16 and 32 heads, D 512 and 576, unsplit (topk 32),
-    split into blocks of one or two tiles (T 1, topk 300: 16 heads one, 32 heads two, api.h
+    split into blocks of one or two tiles (T 1, topk 300: 16 heads one, 32 heads two, planner.h
     kMinTilesPerSplit), blocks of many (T 64, topk 2048, where the stages are reused; 16-bit caches
-    at 16 heads plan four splits of 16 tiles for the one-stage kernel, api.h plan_fwd_splits), and
+    at 16 heads plan four splits of 16 tiles for the one-stage kernel, planner.h plan_fwd_splits), and
     16-head grids of two blocks per SM with random topk_len and both q dtypes (one-stage too). The
     profiler must see the one-stage kernel run in a split launch (T 64) and an unsplit one. A fresh
     process, since the setting is read once. And the 16-head fp8_ds_mla D576 grid of two blocks per
-    SM must run the paired-scores kernel of raw tiles there (api.h plan_fwd_splits), not the
+    SM must run the paired-scores kernel of raw tiles there (planner.h plan_fwd_splits), not the
     decode-once one (which ran there before that variant) nor the main one."""
     probes = [(torch.float16, "fp8_ds_mla", 576, 16), (torch.float16, "fp8_e4m3", 512, 16),
               (torch.bfloat16, "bfloat16", 576, 16), (torch.float16, "float16", 512, 16)]

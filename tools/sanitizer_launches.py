@@ -6,7 +6,7 @@ big for them):
     compute-sanitizer --tool synccheck python tools/sanitizer_launches.py
 
 Every cache format x D (512, 576) x 8 and 32 heads, the 32 in the blocks the planner picks (16-head
-ones on the H200: api.h plan_head_groups) and in 32-head blocks (two head groups, block_heads=32):
+ones on the H200: planner.h plan_head_groups) and in 32-head blocks (two head groups, block_heads=32):
 one token with the top-k axis split across blocks and random masked slots, and three tokens in one
 block each with random topk_len (for fp8 caches these one-wave grids run the kernel that decodes
 each tile once; one token of 8 heads splits into one-tile blocks), and one token of 8 heads at topk

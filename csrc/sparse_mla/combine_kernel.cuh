@@ -21,7 +21,7 @@ namespace sparse_mla {
 // by what one SM loads: T = 1 took the same ~3.7 us at 8 and 128 heads; four blocks, 1.07-1.10x
 // at T = 1 and 4 with <= 32 heads, eight no more; bench/HISTORY.md v12); G = 1, one block per row,
 // small blocks with few registers, when the rows alone fill the GPU (T = 64, H = 16: 1024 rows,
-// where one 512-thread block per SM ran 1.4x slower). The planner picks G (api.cpp
+// where one 512-thread block per SM ran 1.4x slower). The planner picks G (planner.cpp
 // combine_split_groups).
 constexpr int kFloat4PerRow = kHeadSizeV / 4;
 

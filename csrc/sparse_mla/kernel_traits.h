@@ -13,15 +13,15 @@ namespace sparse_mla {
 
 // Heads one block serves: 16 (one m16 tile), or 32, so that each gathered KV tile feeds twice the
 // MMA work and L2 serves each row to half as many blocks. Which one a launch of more than 16
-// heads runs is planned (api.h plan_head_groups).
+// heads runs is planned (planner.h plan_head_groups).
 constexpr int kMaxHeadGroups = 2;
 // The groups of the largest block a token of num_heads heads can fill.
 constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 
 // QElement: q / out type. kFormat: cache row format. kHeadDim: D (512 or 576). kHeadGroups:
 // groups of 16 heads per block. kCopyStages: cp.async stages of a 16-bit or raw fp8 cache (2; 1
-// only for the 16-head 16-bit variant that api.h plan_fwd_splits picks). kFp8RawTiles: fp8 tiles
-// stay raw in shared memory (false for the decode-once variant that api.h plan_fwd_splits and
+// only for the 16-head 16-bit variant that planner.h plan_fwd_splits picks). kFp8RawTiles: fp8 tiles
+// stay raw in shared memory (false for the decode-once variant that planner.h plan_fwd_splits and
 // decoded_fp8_plan pick, and always for fp8_e4m3's 32-head blocks at D = 512, which ran
 // 0.94-1.00x with raw tiles on the H200, v13; fp8_ds_mla's, 0.98x in v14, ran 1.03-1.04x in v15
 // once its softmax was shared; bench/HISTORY.md). kPairedScores: the PairedScores variant below
@@ -180,7 +180,7 @@ struct SparseMlaFwdTraits {
 
   // The PairedScores variant exists where pairing alone lets a 16-head block of copied tiles share
   // an sm_120 SM with a second one: fp8_ds_mla's raw tiles at D = 576, 52,608 bytes, 47,488
-  // paired, which api.h plan_fwd_splits runs where it raises the occupancy (at sm_120's occupancy
+  // paired, which planner.h plan_fwd_splits runs where it raises the occupancy (at sm_120's occupancy
   // 1.17-1.27x the decode-once kernel at T >= 64, 16 heads; on the H200, where the main kernel
   // holds two blocks per SM too, 0.96-0.98x the main one; bench/HISTORY.md v22).
   static constexpr bool kHasPairedScoresVariant =

@@ -19,7 +19,7 @@ cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream)
 
 // Blocks of the forward kernel one SM of the current device holds at once (>= 1; 1 when the
 // query fails), or those of its `variant` (0 where the configuration has no such variant): the
-// split planner's occupancy inputs (api.h plan_fwd_splits). Cached per device.
+// split planner's occupancy inputs (planner.h plan_fwd_splits). Cached per device.
 template <typename Traits>
 int sparse_mla_fwd_blocks_per_sm(FwdVariant variant);
 

@@ -82,7 +82,7 @@ cudaError_t launch_fwd(const SparseMlaFwdParams& p, cudaStream_t stream) {
   // The combine pass is launched as a programmatic dependent of the forward kernel where the GPU
   // has it (sm_90+): its blocks are scheduled while the forward kernel drains and wait in
   // griddepcontrol.wait for its results, which hides one launch latency (a few us at decode).
-  // Its layout was planned (api.cpp combine_split_groups): at decode four thread groups over the
+  // Its layout was planned (planner.cpp combine_split_groups): at decode four thread groups over the
   // splits and each (token, head) row in four blocks; one block per row when the rows fill the GPU.
   constexpr int kWide = kCombineDecodeSplitGroups;
   const bool wide = p.combine_split_groups == kWide;

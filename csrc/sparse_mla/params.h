@@ -35,7 +35,7 @@ struct SparseMlaFwdParams {
   int num_tokens;
   int num_heads;
   int head_size;   // D: 512 or 576
-  // Blocks of 16 x head_groups heads (1 or 2; kernel_traits.h kHeadGroups), planned by api.h
+  // Blocks of 16 x head_groups heads (1 or 2; kernel_traits.h kHeadGroups), planned by planner.h
   // plan_head_groups. Read by the launch, which picks the kernel.
   int head_groups;
   float sm_scale_log2;  // sm_scale * log2(e): the kernel works in base 2
@@ -50,18 +50,18 @@ struct SparseMlaFwdParams {
   // Threads of a combine block that split the splits between them: kCombineDecodeSplitGroups
   // or 1 (plan_sparse_mla_fwd; combine_kernel.cuh). Read by the launch, not by the kernels.
   int combine_split_groups;
-  // Planned for the one-stage 16-head 16-bit kernel (api.h plan_fwd_splits), which the launch
+  // Planned for the one-stage 16-head 16-bit kernel (planner.h plan_fwd_splits), which the launch
   // then runs. Read by the launch only.
   bool one_stage;
   // fp8 caches: run the variant that decodes each tile once into shared memory instead of the one
-  // with raw tiles (kernel_traits.h DecodedFp8; api.h decoded_fp8_plan). Read by the launch only.
+  // with raw tiles (kernel_traits.h DecodedFp8; planner.h decoded_fp8_plan). Read by the launch only.
   bool decoded_fp8;
   // Run the variant whose partial scores take one buffer per pair of warps (kernel_traits.h
-  // PairedScores; api.h plan_fwd_splits). Read by the launch only.
+  // PairedScores; planner.h plan_fwd_splits). Read by the launch only.
   bool paired_scores;
 };
 
-// Splits of the top-k axis per launch, at most (api.h plan_splits; the combine kernel's lse
+// Splits of the top-k axis per launch, at most (planner.h plan_splits; the combine kernel's lse
 // registers).
 constexpr int kMaxSplits = 128;
 

@@ -135,7 +135,7 @@ def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, n
     ``"float16"``, ``"fp8_e4m3"`` or ``"fp8_ds_mla"``; not ``"auto"``), ``head_size`` (512 or
     576) and ``num_heads``, which picks the block size: 1-16 the 16-head kernel, 17-128 the
     32-head one (which of the two a launch of more than 16 heads runs is planned from these
-    counts: csrc/sparse_mla/api.h ``plan_head_groups``). For the fp8 formats
+    counts: csrc/sparse_mla/planner.h ``plan_head_groups``). For the fp8 formats
     that kernel keeps its tiles raw in shared memory. With ``one_stage``, the count of the
     configuration's one-stage variant (16-head 16-bit caches only); with ``decoded_fp8``, that of
     its variant that decodes each tile once (fp8 caches, but not fp8_e4m3's 32-head blocks at
@@ -145,7 +145,7 @@ def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, n
     such variant. The split planner plans with these counts: a launch runs a variant where an SM
     holds one block of the main kernel but two of the variant (for the one-stage one, where the
     plan suits it; the paired-scores one before the decode-once one), the decode-once one also in
-    grids of one wave and before sm_89 (csrc/sparse_mla/api.h ``plan_fwd_splits``,
+    grids of one wave and before sm_89 (csrc/sparse_mla/planner.h ``plan_fwd_splits``,
     ``decoded_fp8_plan``). With ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the environment of the
     process, the counts an sm_120 SM would give (README). Raises ``ValueError`` for any other
     value or more than one variant at once, and ``RuntimeError`` without the op library."""
@@ -228,7 +228,7 @@ def sparse_mla_fwd(
             from ``get_workspace``.
         block_heads: heads per kernel block, 16 or 32 (32 needs ``num_heads > 16``); default
             ``None`` lets the planner choose from the GPU's occupancy and the launch's shape
-            (csrc/sparse_mla/api.h ``plan_head_groups``). For tests and benchmarks of either
+            (csrc/sparse_mla/planner.h ``plan_head_groups``). For tests and benchmarks of either
             kernel; the result is the same up to rounding.
 
     Returns:

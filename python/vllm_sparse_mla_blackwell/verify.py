@@ -49,7 +49,7 @@ def case_groups(quick: bool, kv_dtypes: tuple[str, ...]) -> dict[str, list[Case]
         for d in HEAD_SIZES for qd in ("bf16", "fp16") for kv in kv_dtypes
     ] + [  # fp8 at 64 heads in the planned blocks and in 32-head ones, and both kernels of each
         # fp8 format (kernel_traits.h): grids of one wave, fp8_e4m3's 32-head blocks at D = 512
-        # and GPUs before sm_89 decode each tile once, other launches keep tiles raw (api.h
+        # and GPUs before sm_89 decode each tile once, other launches keep tiles raw (planner.h
         # plan_head_groups, plan_fwd_splits, decoded_fp8_plan; which case runs which depends on
         # the GPU: on the H200 the planned 64-head launches run 16-head blocks, T = 7 decodes once)
         Case(head_size=d, num_heads=h, topk=2048, num_tokens=t, kv_cache_dtype=kv, block_heads=bh)
@@ -58,14 +58,14 @@ def case_groups(quick: bool, kv_dtypes: tuple[str, ...]) -> dict[str, list[Case]
     ]
     g["32-head blocks"] = [  # the 16-bit caches' 32-head kernels: a GPU holding two 16-head
         # blocks per SM (the H200) plans them for the fp16 cache beyond decode only, for the bf16
-        # cache never (api.h plan_head_groups)
+        # cache never (planner.h plan_head_groups)
         Case(head_size=d, num_heads=h, q_dtype=qd, kv_cache_dtype=qd, topk=2048, num_tokens=t, block_heads=32)
         for d in HEAD_SIZES for qd in ("bf16", "fp16") for h, t in ((32, 7), (64, 7), (128, 7), (32, 1), (32, 513))
     ]
     g["decode splits"] = [  # T = 1 and 2 with few rows: one-tile splits where the planner makes
-        # them (api.h kMinTilesPerSplit; on the H200 64 and 68 splits, the decode combine's two
+        # them (planner.h kMinTilesPerSplit; on the H200 64 and 68 splits, the decode combine's two
         # variants, params.h combine_decode_loads), and a short topk_len that leaves splits empty;
-        # T = 16 at 8 heads: blocks of 5 tiles, two per SM (api.h co_resident_tile_time; on the
+        # T = 16 at 8 heads: blocks of 5 tiles, two per SM (planner.h co_resident_tile_time; on the
         # H200 14 splits, fp8 tiles raw)
         Case(head_size=d, num_heads=h, topk=k, num_tokens=t, kv_cache_dtype=kv, masking=m)
         for d in HEAD_SIZES for kv in kv_dtypes
@@ -76,7 +76,7 @@ def case_groups(quick: bool, kv_dtypes: tuple[str, ...]) -> dict[str, list[Case]
         Case(head_size=d, num_heads=16, topk=512, num_tokens=64, masking=m) for d in HEAD_SIZES
         for m in ("none", "random", "causal", "all_masked", "invalid", "topk_len")
     ] + [  # fp8 in grids of more than one block per SM, which keep tiles raw where the planner
-        # does not pick the decode-once kernel (api.h plan_fwd_splits, decoded_fp8_plan)
+        # does not pick the decode-once kernel (planner.h plan_fwd_splits, decoded_fp8_plan)
         Case(head_size=d, num_heads=16, topk=512, num_tokens=300, masking=m, kv_cache_dtype=kv)
         for d in HEAD_SIZES for kv in kv_dtypes if kv in KV_FP8 for m in ("random", "topk_len")
     ]

@@ -1,4 +1,4 @@
-// GoogleTest suite of the host API (csrc/sparse_mla/api.h): argument checks and split planning.
+// GoogleTest suite of the host API: argument checks (csrc/sparse_mla/api.h) and the planner (planner.h).
 #include <gtest/gtest.h>
 
 #include <string>
