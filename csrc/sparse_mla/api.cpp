@@ -1,4 +1,4 @@
-// Argument checks and launch planning of the sparse-MLA entry points (see api.h).
+// Argument checks of the sparse-MLA entry points (see api.h); the launch plan is planner.cpp's.
 #include "api.h"
 
 #include <algorithm>
@@ -6,8 +6,6 @@
 #include <string>
 #include <type_traits>
 #include <utility>
-
-#include "kernel_traits.h"
 
 namespace sparse_mla {
 

@@ -65,7 +65,7 @@ SplitPlan plan_splits(int num_tokens, int num_heads, int head_groups, KvFormat f
     return c;
   };
   double best_cost = cost(best.tiles_per_split, 1);
-  // Splits of one tile only for few rows, within one round of the decode combine (api.h).
+  // Splits of one tile only for few rows, within one round of the decode combine (planner.h).
   const bool one_tile_splits = static_cast<int64_t>(num_tokens) * num_heads <= kOneTileSplitMaxRows &&
                                num_tiles <= kCombineDecodeOneRound;
   const int max_splits = std::min(kMaxSplits, num_tiles / (one_tile_splits ? 1 : kMinTilesPerSplit));

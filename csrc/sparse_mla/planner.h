@@ -36,7 +36,7 @@ FwdPlan plan_fwd(DType dtype, KvFormat format, int head_size, int num_tokens, in
 
 // Split of the top-k axis across blocks for a launch of num_tokens x num_heads in blocks of
 // 16 x head_groups heads (flash-decoding): the split count that minimises a simple cost model
-// (tiles per SM plus the combine pass, see api.cpp), with >= kMinTilesPerSplit tiles per split
+// (tiles per SM plus the combine pass, see planner.cpp), with >= kMinTilesPerSplit tiles per split
 // (one for few rows, below), at most kMaxSplitBlocksPerSm blocks per SM, and never more workspace
 // than `workspace_bytes`.
 // format: the cache's (co_resident_tile_time); blocks_per_sm: the kernel's occupancy.
