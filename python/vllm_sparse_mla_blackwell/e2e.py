@@ -507,6 +507,8 @@ def spread(pairs: list[Agreement]) -> dict | None:
 
 
 def within(agr: Agreement, bar: dict) -> bool:
+    """Whether ``agr`` (this backend against exact) stays within SPREAD_FACTOR x ``bar`` (from
+    ``spread`` or FALLBACK_BARS) in mean step-cosine deviation and prompt-logit error; NaN fails."""
     return (1 - agr.mean_step_cos <= SPREAD_FACTOR * bar["step_cos_dev"]
             and agr.prompt_rel_err <= SPREAD_FACTOR * bar["prompt_rel_err"])
 
