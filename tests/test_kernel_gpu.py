@@ -25,7 +25,7 @@ def _check(result):
     assert result.max_rel_err <= cases.MAX_REL_ERR, result
     assert result.min_cosine >= cases.MIN_COSINE, result
     assert result.max_lse_err <= cases.MAX_LSE_ERR, result
-    assert result.passed, result  # every bar of cases.compare, the rounded-reference error too
+    assert result.passed, result  # every bar of cases.compare
 
 
 @pytest.mark.parametrize("case", QUICK, ids=[c.label() for c in QUICK])

@@ -359,13 +359,14 @@ def test_bench_command_line_narrows_the_shapes(monkeypatch):
 
     seen = {}
     monkeypatch.setattr(bench, "main", lambda **kw: seen.update(kw) or 0)
-    assert cli.main(["bench", "--tokens", "1,64", "--kv", "fp8_e4m3,bf16", "--models", "DeepSeek-V3.2", "--no-naive"]) == 0
+    assert cli.main(["bench", "--tokens", "1,64", "--kv", "fp8_e4m3,bf16", "--models", "DeepSeek-V3.2", "--no-naive",
+                     "--no-peers"]) == 0
     assert seen["tokens"] == (1, 64)
     assert seen["kv_dtypes"] == ("fp8_e4m3", "bf16")
     assert seen["models"] == ("DeepSeek-V3.2",)
-    assert seen["naive"] is False
+    assert seen["naive"] is False and seen["peers"] is False
     cli.main(["bench"])
-    assert seen["tokens"] is None and seen["kv_dtypes"] is None and seen["naive"] is True
+    assert seen["tokens"] is None and seen["kv_dtypes"] is None and seen["naive"] is True and seen["peers"] is True
     # Repeats add up, duplicates go.
     cli.main(["bench", "--tokens", "1,1,64", "--tokens", "64,4", "--kv", "bf16", "--kv", "fp8_ds_mla,bf16"])
     assert seen["tokens"] == (1, 64, 4)
@@ -374,6 +375,31 @@ def test_bench_command_line_narrows_the_shapes(monkeypatch):
                         ("--kv", ""), ("--kv", ","), ("--models", " ")):
         with pytest.raises(SystemExit):
             cli.main(["bench", option, bad])
+
+
+def test_bench_peers_that_cannot_run_or_disagree_are_noted_not_timed(monkeypatch):
+    """vLLM's kernels are optional in bench: one that raises, or whose output is not this kernel's
+    (a misused interface), gets a line in the notes and no time; one that agrees is timed."""
+    from vllm_sparse_mla_blackwell import bench
+
+    ours = torch.randn(2, 16, 512)
+    behaviour = {"FlashMLA-sparse": "raise", "FA3-sparse": "wrong"}
+
+    def fake_call(peer, *args):
+        if behaviour[peer] == "raise":
+            raise ImportError("No module named 'vllm'")
+        return lambda i: -ours if behaviour[peer] == "wrong" else ours
+
+    monkeypatch.setattr(bench, "_peer_call", fake_call)
+    monkeypatch.setattr(bench, "_median_ms", lambda call, reps, sets: 0.5)
+    q = torch.zeros(2, 16, 576)
+    notes = {}
+    assert bench._time_peers("bf16", q, None, [None], 0.1, ours, 1.0, notes) == {}
+    assert "No module named 'vllm'" in notes["FlashMLA-sparse (bf16, D=576, H=16)"]
+    assert "differs from this kernel's" in notes["FA3-sparse (bf16, D=576, H=16)"]
+    behaviour["FA3-sparse"] = "agree"
+    assert bench._time_peers("bf16", q, None, [None], 0.1, ours, 1.0, {}) == {"FA3-sparse": 500.0}
+    assert bench._time_peers("fp8_e4m3", q, None, [None], 0.1, ours, 1.0, {}) == {}  # no vLLM kernel reads it
 
 
 @pytest.mark.parametrize("kv, code", [("int4", 2), ("bfloat16,fp8", None)])

@@ -36,34 +36,17 @@ struct SparseMlaFwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim == kHeadSizeNoPE || kHeadDim == kHeadSizeRoPE, "D must be 512 or 576");
 
-  // Precision plan (verify's bar asks for per-row cosine >= 0.999998, i.e. little beyond the final
-  // rounding of out). Cache values enter the MMA exactly: bf16 caches as bf16, fp16 caches as
-  // fp16, e4m3 values (exactly representable in fp16) as fp16, with their scales applied in
-  // fp32. q enters exactly too (in fp16's range): as is, bf16 -> fp16, or fp16 -> bf16 split into
-  // hi + lo bf16 parts. P in bf16 would lose 2^-9 (per-row cosine ~0.999996), so with a bf16
-  // cache P is split into hi + lo; in fp16 (2^-12) one part is enough, which halves the P V MMAs
-  // of the fp16 and fp8_e4m3 caches, whose P rounds p itself (exact for a row's largest, 1).
-  // fp8_ds_mla's P carries the key scales (below), so fp16 rounds even the dominant terms: rows
-  // where a few keys dominate reached 0.9999975 (topk 96-128; tools/fp8_p_rounding.py,
-  // bench/HISTORY.md v14), and its P is split into hi + lo fp16 too (v15: >= 0.9999994).
+  // Precision plan (docs/design.md "Precision"). Cache values enter the MMA exactly: bf16 caches
+  // as bf16, fp16 caches as fp16, e4m3 values (exact in fp16) as fp16, their scales applied in
+  // fp32; q too (bf16 -> fp16 in fp16's range, fp16 -> bf16 as hi + lo parts). S, the softmax and
+  // O are fp32; P is rounded once to the MMA type, as vLLM's own sparse kernels do.
   static constexpr bool kMmaBf16 = kFormat == KvFormat::kBFloat16;
   using Element = std::conditional_t<kMmaBf16, __nv_bfloat16, __half>;  // MMA operand type
   static constexpr bool kQConvert = !std::is_same_v<QElement, Element>;
   static constexpr bool kQSplit = kMmaBf16 && kQConvert;
-  static constexpr bool kPSplit = kMmaBf16 || kFormat == KvFormat::kFp8DsMla;
-  // The blocks two tuning rules below were measured faster for, and only for (kSTwoChains,
-  // kLazyRescale): bf16 q with a bf16 cache (q in one part) in 32-head blocks.
-  static constexpr bool kBf16QAndCache32Heads = kMmaBf16 && !kQSplit && kHeadGroups_ == 2;
-  // Conditional rescaling (as in FlashAttention-4): the running max moves only when a tile's max
-  // passes it by more than kLazyRescaleLog2 (so p <= 2^8 while |m| < 2^27, where fp32 still adds
-  // 8 exactly; O's headroom shrinks by as much), and a warp whose 16 heads all kept theirs skips
-  // O's rescale. For P in hi + lo parts (16+ bits) only: one fp16 part's precision plan relies on
-  // p <= 1, whose largest term, 1, is exact. On the H200 (bench/HISTORY.md v17) the bf16 cache's
-  // 32-head blocks with bf16 q ran 1.018-1.029x faster at T >= 64; its 16-head blocks
-  // 0.981-0.997x, fp8_ds_mla's 0.976-1.045x (32-head at T = 1024: 0.985-0.991x), so only those.
-  static constexpr bool kLazyRescale = kBf16QAndCache32Heads;
-  static constexpr float kLazyRescaleLog2 = 8.f;
-  static_assert(!kLazyRescale || kPSplit, "conditional rescaling needs P in hi + lo parts");
+  // S in two chains of MMAs (even and odd k-steps): measured faster only for bf16 q with a bf16
+  // cache in 32-head blocks (bench/HISTORY.md v16).
+  static constexpr bool kSTwoChains = kMmaBf16 && !kQSplit && kHeadGroups_ == 2;
   // fp8_ds_mla folds its per-row scales into P. P is fp16 there, where a small scale would push
   // it into the subnormals, so each warp divides its P copy by a power of two near the tile's
   // largest scale; the accumulator is multiplied back in the next tile's rescale and in the
@@ -92,13 +75,6 @@ struct SparseMlaFwdTraits {
   static constexpr int kLatentStepsPerWarp = kKvLoraRank / 16 / kWarpsPerGroup;  // 8
   static constexpr int kRopeStepsPerWarp = (kHeadDim - kKvLoraRank) / 16 / kWarpsPerGroup;  // 0 or 1
   static constexpr int kStepsPerWarp = kLatentStepsPerWarp + kRopeStepsPerWarp;
-  // S accumulated in two chains of MMAs (even and odd k-steps) instead of one per n-tile: the
-  // bf16 cache's 32-head blocks with bf16 q (one per SM, two warps per scheduler) ran
-  // 1.02-1.04x faster on the H200 at T >= 64; the fp16 cache's 0.975-1.017x, 16-head blocks
-  // 0.99-1.01x, fp8 ones 0.88-1.03x (22 more registers, 168 -> 190, cost fp8_e4m3's 16-head
-  // D512 kernel its third block per SM); bench/HISTORY.md v16. fp16 q with a bf16 cache (q in two
-  // parts) keeps one chain: unmeasured, and at 238 of 255 registers already.
-  static constexpr bool kSTwoChains = kBf16QAndCache32Heads;
   // fp8 register loader: 4 or 8 threads per KV row (cp.async gathers use 8 in every block).
   static constexpr int kThreadsPerRow = kNumThreads / kBlockN;
   static_assert(kThreadsPerRow * kBlockN == kNumThreads);
@@ -123,9 +99,8 @@ struct SparseMlaFwdTraits {
   static constexpr bool kRawFp8 = is_fp8(kFormat) && kFp8RawTiles_;
   static constexpr bool kDirectCopy = kFormat == KvFormat::kBFloat16 || kFormat == KvFormat::kFloat16 || kRawFp8;
   static constexpr int kQParts = kQSplit ? 2 : 1;
-  static constexpr int kPParts = kPSplit ? 2 : 1;
   // P buffers per head group (none with P in registers).
-  static constexpr int kPBuffers = kRegisterP ? 0 : kPParts;
+  static constexpr int kPBuffers = kRegisterP ? 0 : 1;
 
   // ldmatrix reads 8 rows at one column, and a row pitch that is an odd multiple of 16 bytes
   // (mod 128) puts those rows in 8 different bank groups: rows are padded by 16 bytes, but for

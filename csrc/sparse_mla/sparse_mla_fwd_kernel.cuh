@@ -44,15 +44,6 @@ __device__ __forceinline__ void split2(uint32_t& hi, uint32_t& lo, float x0, flo
   }
 }
 
-// The same, stored to shared memory.
-template <typename Element, bool kSplit>
-__device__ __forceinline__ void store_split2(Element* hi, Element* lo, float x0, float x1) {
-  uint32_t h, l;
-  split2<Element, kSplit>(h, l, x0, x1);
-  *reinterpret_cast<uint32_t*>(hi) = h;
-  if constexpr (kSplit) *reinterpret_cast<uint32_t*>(lo) = l;
-}
-
 // fp8_ds_mla in fp16: P copy w is divided by a power of two near the tile's largest scale of
 // column tile w, 2^floor(log2 smax), which keeps p * scale / norm in [0, 2) (1 for subnormal or
 // zero scales).
@@ -95,7 +86,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   constexpr int kTpr = Traits::kThreadsPerRow;
   constexpr int kLineChunks = 8;  // 16-byte chunks per 128-byte cache line
   constexpr int kStages = Traits::kStages;
-  constexpr int kPParts = Traits::kPParts;
   constexpr int kQParts = Traits::kQParts;
   constexpr int kSteps = Traits::kStepsPerWarp;
   constexpr int kLatentSteps = Traits::kLatentStepsPerWarp;
@@ -444,10 +434,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       }
 #pragma unroll
       for (int o = 1; o < 8; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, o));
-      // (kLazyRescale: moved only by more than kLazyRescaleLog2; from -inf by any valid score.)
-      const float m_new = Traits::kLazyRescale
-                              ? (tile_max > m_run + Traits::kLazyRescaleLog2 ? tile_max : m_run)
-                              : fmaxf(m_run, tile_max);
+      const float m_new = fmaxf(m_run, tile_max);
       float alpha = 1.f, psum = 0.f;
       float pr[4] = {0.f, 0.f, 0.f, 0.f};
       if (m_new != -INFINITY) {  // else nothing valid so far: p = 0, state unchanged
@@ -465,19 +452,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         // own P from it (phase 3).
         *reinterpret_cast<float4*>(s_in) = make_float4(pr[0], pr[1], pr[2], pr[3]);
       } else {
-        // (Written as the loop over fp8_ds_mla's per-warp P copies it was until v13: this form
-        // reproduces the SASS the other formats were measured with, bench/HISTORY.md v13.)
+        // P rounded once to the MMA type.
         Element* p_row = sP + sm_g * Traits::kPBuffers * Traits::kSmemPBufferElems + (sm_h % 16) * Traits::kPPitch + sm_k;
-#pragma unroll
-        for (int w = 0; w < 1; ++w) {
-          float q4[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) q4[i] = pr[i];
-          Element* hi = p_row + (w * kPParts) * Traits::kSmemPBufferElems;
-          Element* lo = hi + Traits::kSmemPBufferElems;
-          store_split2<Element, Traits::kPSplit>(hi, lo, q4[0], q4[1]);
-          store_split2<Element, Traits::kPSplit>(hi + 2, lo + 2, q4[2], q4[3]);
-        }
+        *reinterpret_cast<uint2*>(p_row) = make_uint2(pack2<Element>(pr[0], pr[1]), pack2<Element>(pr[2], pr[3]));
       }
       if ((tid % 8) == 0) sAlpha[sm_h] = alpha;
     }
@@ -496,18 +473,16 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         alpha0 *= ratio;
         alpha1 *= ratio;
       }
-      if (!Traits::kLazyRescale || __any_sync(~0u, alpha0 != 1.f || alpha1 != 1.f)) {
 #pragma unroll
-        for (int n = 0; n < Traits::kDvPerWarp / 8; ++n) {
-          acc_o[n][0] *= alpha0;
-          acc_o[n][1] *= alpha0;
-          acc_o[n][2] *= alpha1;
-          acc_o[n][3] *= alpha1;
-        }
+      for (int n = 0; n < Traits::kDvPerWarp / 8; ++n) {
+        acc_o[n][0] *= alpha0;
+        acc_o[n][1] *= alpha0;
+        acc_o[n][2] *= alpha1;
+        acc_o[n][3] *= alpha1;
       }
       const Element* p_base = sP + (grp * Traits::kPBuffers) * Traits::kSmemPBufferElems +
                               (lane % 16) * Traits::kPPitch + (lane / 16) * 8;
-      uint32_t p_frag[kBlockN / 16][kPParts][4];
+      uint32_t p_frag[kBlockN / 16][4];
       if constexpr (Traits::kRegisterP) {
         // This warp's P = p * (its column tile's key scales) / norm, built as the A fragments of
         // P V's k-steps (FlashAttention-2): (a0, a1, a2, a3) = rows (r, r + 8) x keys (2j, 2j + 8)
@@ -520,24 +495,18 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           for (int i = 0; i < 4; ++i) {
             const int nt = 2 * kk + (i >> 1), hf = i & 1;
             const float2 pv = *reinterpret_cast<const float2*>(p_in + hf * 8 * Traits::kSPitch + nt * 8);
-            split2<Element, Traits::kPSplit>(p_frag[kk][0][i], p_frag[kk][kPParts - 1][i],
-                                             pv.x * (key_scale[nt][0] * inv_norm), pv.y * (key_scale[nt][1] * inv_norm));
+            p_frag[kk][i] = pack2<Element>(pv.x * (key_scale[nt][0] * inv_norm), pv.y * (key_scale[nt][1] * inv_norm));
           }
         }
       }
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        uint32_t a[kPParts][4];
+        uint32_t a[4];
         if constexpr (Traits::kRegisterP) {
 #pragma unroll
-          for (int part = 0; part < kPParts; ++part) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) a[part][i] = p_frag[kk][part][i];
-          }
+          for (int i = 0; i < 4; ++i) a[i] = p_frag[kk][i];
         } else {
-#pragma unroll
-          for (int part = 0; part < kPParts; ++part)
-            ldmatrix_x4(a[part], p_base + part * Traits::kSmemPBufferElems + kk * 16);
+          ldmatrix_x4(a, p_base + kk * 16);
         }
         const int v_row = kk * 16 + (lane % 8) + ((lane >> 3) & 1) * 8;
         if constexpr (Traits::kRawFp8) {
@@ -557,9 +526,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
                 const uint32_t select = odd ? 0x31u : 0x20u;  // bytes (odd, 2 + odd)
                 const uint32_t b0 = e4m3x2_to_half2(__byte_perm(r[2 * c], 0u, select));
                 const uint32_t b1 = e4m3x2_to_half2(__byte_perm(r[2 * c + 1], 0u, select));
-#pragma unroll
-                for (int part = 0; part < kPParts; ++part)
-                  mma_16816<Element>(acc_o[2 * (2 * n4 + c) + odd], a[part], b0, b1);
+                mma_16816<Element>(acc_o[2 * (2 * n4 + c) + odd], a, b0, b1);
               }
             }
           }
@@ -569,11 +536,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           for (int n2 = 0; n2 < Traits::kDvPerWarp / 16; ++n2) {
             uint32_t b[4];
             ldmatrix_x4_trans(b, v_base + n2 * 16);
-#pragma unroll
-            for (int part = 0; part < kPParts; ++part) {
-              mma_16816<Element>(acc_o[2 * n2], a[part], b[0], b[1]);
-              mma_16816<Element>(acc_o[2 * n2 + 1], a[part], b[2], b[3]);
-            }
+            mma_16816<Element>(acc_o[2 * n2], a, b[0], b[1]);
+            mma_16816<Element>(acc_o[2 * n2 + 1], a, b[2], b[3]);
           }
         }
       }

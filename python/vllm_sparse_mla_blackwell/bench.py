@@ -12,6 +12,8 @@ JSON file and a roofline PNG.
 Reported per shape: µs, gathered GB/s (T·topk·row_bytes / time) and its fraction of the gather
 ceiling, TFLOP/s (2·T·H·topk·(D+512)) and its fraction of the mma.sync peak, fp8/bf16 time
 ratio, and the speed-up over the naive PyTorch formulation (index_select + einsum + softmax).
+Where vLLM is installed and the GPU has them, vLLM's own sparse-MLA kernels are timed the same way
+on the same cache rows and indices (``PEERS``), each checked against this kernel's output first.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class Row:
     mma_frac: float
     fp8_over_bf16: float | None = None
     naive_us: float | None = None
+    peer_us: dict[str, float] = dataclasses.field(default_factory=dict)  # vLLM kernel -> µs
 
 
 def _median_ms(fn, reps: int, sets: int) -> float:
@@ -135,12 +138,92 @@ def _naive(q, rows, idx, sm_scale):
     return torch.einsum("thj,tjd->thd", p, k[..., :512])
 
 
+# vLLM's sparse-MLA kernels, by the cache dtype they read (vLLM 0.33: FlashMLA's sparse prefill
+# and fp8 decode, sm_90 / sm_100; FA3's paged attention with the indices as a page-1 block
+# table, sm_90, as vllm/v1/attention/backends/mla/flashmla_sparse.py and flashattn_mla_sparse.py
+# call them).
+PEERS = {"bf16": ("FlashMLA-sparse", "FA3-sparse"), "fp16": ("FA3-sparse",), "fp8_ds_mla": ("FlashMLA-fp8",)}
+PEER_MIN_COSINE = 0.999  # a peer whose output differs more is reported as disagreeing, not timed
+
+
+def _peer_call(peer: str, q, cache, idx_sets, sm_scale, num_heads: int):
+    """A callable ``f(i) -> out [T, num_heads, 512]`` running vLLM's kernel ``peer`` on index set
+    i, with its operands prepared outside the timed call (heads padded where the kernel needs it).
+    Raises ImportError / RuntimeError where vLLM or the kernel is not available."""
+    num_tokens, _, head_size = q.shape
+    if peer == "FlashMLA-sparse":
+        from vllm.v1.attention.ops.flashmla import flash_mla_sparse_fwd, is_flashmla_sparse_supported
+
+        ok, why = is_flashmla_sparse_supported()
+        if not ok:
+            raise RuntimeError(why)
+        kv = cache.view(-1, 1, head_size)
+        idx3 = [i.view(num_tokens, 1, -1) for i in idx_sets]
+        return lambda i: flash_mla_sparse_fwd(q, kv, idx3[i], sm_scale)[0]
+    if peer == "FlashMLA-fp8":
+        from vllm.v1.attention.ops.flashmla import (flash_mla_with_kvcache, get_mla_metadata,
+                                                    is_flashmla_sparse_supported)
+
+        ok, why = is_flashmla_sparse_supported()
+        if not ok or head_size != 576:
+            raise RuntimeError(why or "FlashMLA's fp8 sparse decode reads DeepSeek's 576-wide record only")
+        padded = 64 if num_heads <= 64 else 128  # the heads its fp8 decode kernel takes
+        qp = q.new_zeros(num_tokens, 1, padded, head_size)
+        qp[:, 0, :num_heads] = q
+        k_cache = cache.view(torch.uint8).view(-1, 64, 1, cache.view(torch.uint8).shape[-1])
+        block_table = torch.zeros(num_tokens, 1, dtype=torch.int32, device=q.device)
+        seqlens = torch.full((num_tokens,), POOL_ROWS, dtype=torch.int32, device=q.device)
+        meta = get_mla_metadata()[0]  # filled by the first call, reused for this shape
+        idx3 = [i.view(num_tokens, 1, -1) for i in idx_sets]
+        return lambda i: flash_mla_with_kvcache(qp, k_cache, block_table, seqlens, 512, meta, softmax_scale=sm_scale,
+                                                is_fp8_kvcache=True, indices=idx3[i])[0][:, 0, :num_heads]
+    if peer == "FA3-sparse":
+        from vllm.vllm_flash_attn.flash_attn_interface import flash_attn_varlen_func, is_fa_version_supported
+
+        if not is_fa_version_supported(3):
+            raise RuntimeError("FA3 is not supported on this GPU")
+        rows = cache.view(-1, head_size)
+        v = rows[:, :512].unsqueeze(1).unsqueeze(1)
+        q_nope = q[..., :512].contiguous()
+        if head_size > 512:
+            q_rope, k = q[..., 512:].contiguous(), rows[:, 512:].unsqueeze(1).unsqueeze(1)
+        else:  # NoPE: FA3 needs a 64-wide q/k part; zeros leave the scores to q_v
+            q_rope, k = q.new_zeros(num_tokens, num_heads, 64), v[..., :64]
+        cu_seqlens_q = torch.arange(num_tokens + 1, dtype=torch.int32, device=q.device)
+        topk = idx_sets[0].shape[1]
+        seqused = torch.full((num_tokens,), topk, dtype=torch.int32, device=q.device)
+        return lambda i: flash_attn_varlen_func(q=q_rope, k=k, v=v, q_v=q_nope, max_seqlen_q=1, cu_seqlens_q=cu_seqlens_q,
+                                                max_seqlen_k=topk, seqused_k=seqused, block_table=idx_sets[i],
+                                                softmax_scale=sm_scale, causal=True, fa_version=3)
+    raise ValueError(f"unknown peer {peer!r}")
+
+
+def _time_peers(kv_dtype, q, cache, idx_sets, sm_scale, ours: torch.Tensor, est_ms: float,
+                notes: dict[str, str]) -> dict[str, float]:
+    """µs per call of each of vLLM's kernels for ``kv_dtype`` (PEERS) on the same rows and index
+    sets. A peer that cannot run, or whose output on index set 0 has a per-row cosine below
+    PEER_MIN_COSINE against ``ours`` (this kernel's, same inputs), is left out with a line in
+    ``notes``."""
+    timed = {}
+    for peer in PEERS.get(kv_dtype, ()):
+        try:
+            call = _peer_call(peer, q, cache, idx_sets, sm_scale, ours.shape[1])
+            got = call(0).float()
+            cos = float(torch.nn.functional.cosine_similarity(got, ours.float(), dim=-1).min())
+            if not cos >= PEER_MIN_COSINE:
+                raise RuntimeError(f"output differs from this kernel's (min row cosine {cos:.4f})")
+            timed[peer] = _median_ms(call, _reps(est_ms), INDEX_SETS) * 1e3
+        except Exception as exc:  # reported, never fatal: the peers are optional
+            notes.setdefault(f"{peer} ({kv_dtype}, D={q.shape[-1]}, H={q.shape[1]})", f"{type(exc).__name__}: {exc}"[:300])
+    return timed
+
+
 def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, naive: bool = True,
-        progress=None) -> tuple[list[Row], dict]:
+        peers: bool = True, progress=None) -> tuple[list[Row], dict]:
     """Time every (model, heads, tokens) shape for each cache dtype, with the gather ceiling at
     the same slots, each after ``idle_s`` seconds of idle (without it between dtypes, the third
     of four ran up to 1.31x slower: bench/HISTORY.md v16); ``naive`` adds the PyTorch baseline for
-    T <= 64 (bf16 only). ``progress`` wraps the shape list (e.g. ``rich.progress.track``).
+    T <= 64 (bf16 only), ``peers`` vLLM's kernels where they run (PEERS). ``progress`` wraps the shape list (e.g. ``rich.progress.track``).
     Returns the rows (µs, GB/s, TFLOP/s and their fractions of the ceilings) and run metadata
     (device, measured mma.sync peak, date)."""
     device = torch.device("cuda", torch.cuda.current_device())
@@ -152,6 +235,7 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
     ws = ops.get_workspace(device)
     shapes = [(m, h, t) for m, (d, k, hs, s) in models.items() for h in hs for t in tokens]
     pools: dict[tuple[str, int], tuple] = {}
+    peer_notes: dict[str, str] = {}
     for model, num_heads, num_tokens in (progress(shapes) if progress else shapes):
         head_size, topk, _, sm_scale = models[model]
         q = torch.randn(num_tokens, num_heads, head_size, device=device, dtype=torch.bfloat16, generator=gen)
@@ -189,10 +273,14 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
             if naive and kv_dtype == "bf16" and num_tokens <= NAIVE_MAX_TOKENS:
                 rows_bf16 = cache.view(POOL_ROWS, head_size)
                 row.naive_us = _median_ms(lambda i: _naive(q, rows_bf16, idx_sets[i], sm_scale), 4, INDEX_SETS) * 1e3
+            if peers:
+                attn(0)
+                row.peer_us = _time_peers(kv_dtype, q, cache, idx_sets, sm_scale, out, est, peer_notes)
             by_dtype[kv_dtype] = row
             rows_out.append(row)
     meta = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__,
-                mma_sync_peak_tflops=mma_peak, pool_rows=POOL_ROWS, date=time.strftime("%Y-%m-%d"))
+                mma_sync_peak_tflops=mma_peak, pool_rows=POOL_ROWS, date=time.strftime("%Y-%m-%d"),
+                peers_not_run=peer_notes)
     return rows_out, meta
 
 
@@ -228,9 +316,10 @@ def roofline_png(rows: list[Row], meta: dict, path: str) -> None:
 
 def main(json_path: str = "bench.json", png_path: str = "bench_roofline.png", quick: bool = False,
          tokens: tuple[int, ...] | None = None, kv_dtypes: tuple[str, ...] | None = None,
-         models: tuple[str, ...] | None = None, naive: bool = True) -> int:
+         models: tuple[str, ...] | None = None, naive: bool = True, peers: bool = True) -> int:
     """Run ``run`` (``quick``: T in 1, 64, 1024 and a short idle; ``tokens``, ``kv_dtypes``,
-    ``models`` narrow the shapes, ``naive`` adds the PyTorch baseline), print the table, write
+    ``models`` narrow the shapes, ``naive`` adds the PyTorch baseline, ``peers`` vLLM's kernels
+    where vLLM is installed), print the table, write
     JSON and PNG. Returns the exit status: 0 done, 1 matplotlib missing or the library cannot
     run on this GPU, 2 an unknown model or cache dtype, 3 no GPU."""
     from rich.console import Console
@@ -263,20 +352,23 @@ def main(json_path: str = "bench.json", png_path: str = "bench_roofline.png", qu
     tokens = tokens or ((1, 64, 1024) if quick else TOKENS)
     kv_dtypes = tuple(k for k in KV_DTYPES if k in (kv_dtypes or KV_DTYPES))  # bf16 first: fp8 ratios
     rows, meta = run(models={m: MODELS[m] for m in (models or MODELS)}, tokens=tokens, kv_dtypes=kv_dtypes,
-                     idle_s=0.2 if quick else 1.0, naive=naive,
+                     idle_s=0.2 if quick else 1.0, naive=naive, peers=peers,
                      progress=lambda s: track(s, description="shapes", console=console))
     table = Table(title=f"sparse-MLA on {meta['device']}, mma.sync bf16 peak {meta['mma_sync_peak_tflops']:.0f} TFLOP/s "
                         f"(measured), {meta['date']}")
     for col in ("model", "H", "T", "kv", "µs", "gather µs", "GB/s", "% gather", "TFLOP/s", "% mma", "fp8 speed-up",
-                "naive µs", "x naive"):
+                "naive µs", "x naive", "vLLM kernel µs (its time / ours)"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(r.model, str(r.num_heads), str(r.num_tokens), r.kv_cache_dtype, f"{r.us:.1f}", f"{r.gather_us:.1f}",
                       f"{r.gathered_gbps:.0f}", f"{100 * r.gather_frac:.0f}", f"{r.tflops:.1f}", f"{100 * r.mma_frac:.0f}",
                       "" if r.fp8_over_bf16 is None else f"{r.fp8_over_bf16:.2f}",
                       "" if r.naive_us is None else f"{r.naive_us:.0f}",
-                      "" if r.naive_us is None else f"{r.naive_us / r.us:.0f}")
+                      "" if r.naive_us is None else f"{r.naive_us / r.us:.0f}",
+                      "; ".join(f"{k} {v:.1f} ({v / r.us:.2f})" for k, v in r.peer_us.items()))
     console.print(table)
+    for peer, why in meta["peers_not_run"].items():
+        console.print(f"not timed: {peer}: {why}")
     with open(json_path, "w") as f:
         json.dump(dict(meta=meta, rows=[dataclasses.asdict(r) for r in rows]), f, indent=1)
     roofline_png(rows, meta, png_path)

@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--models", type=_names, action="extend", metavar="NAME,...",
                    help="GLM-5.3-Flash and/or DeepSeek-V3.2 (default both)")
     b.add_argument("--no-naive", action="store_true", help="skip the naive PyTorch baseline")
+    b.add_argument("--no-peers", action="store_true",
+                   help="skip vLLM's own sparse-MLA kernels (timed where vLLM is installed and the GPU has them)")
     e = sub.add_parser("e2e", help="serve tiny DeepSeek-V3.2 and GLM-5.3-Flash models in vLLM through this backend "
                        "and through references; compare greedy tokens, logits, throughput and KV capacity "
                        "(needs vLLM and a GPU)")
@@ -64,7 +66,8 @@ def _run(args: argparse.Namespace) -> int:
     from vllm_sparse_mla_blackwell import bench
 
     return bench.main(json_path=args.json, png_path=args.png, quick=args.quick, tokens=_unique(args.tokens),
-                      kv_dtypes=_unique(args.kv), models=_unique(args.models), naive=not args.no_naive)
+                      kv_dtypes=_unique(args.kv), models=_unique(args.models), naive=not args.no_naive,
+                      peers=not args.no_peers)
 
 
 MAX_BENCH_TOKENS = 65535  # the gather ceiling kernel puts tokens on grid.y

@@ -64,8 +64,8 @@ TEST(KernelTraits, Fp8DsMlaTilesStayRawAsStored) {
   using DsMla576 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 1>;
   using DsMla512 = SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kFp8DsMla, 512, 1>;
   static_assert(DsMla576::kRawFp8 && DsMla576::kDirectCopy && !DsMla576::kScaleBuffer);
-  // Its P (which carries the key scales) in two fp16 parts, fp8_e4m3's in one.
-  static_assert(DsMla576::kPParts == 2 && SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 576, 1>::kPParts == 1);
+  // Its P (which carries the key scales) is built in registers: no P buffer in shared memory.
+  static_assert(DsMla576::kRegisterP && DsMla576::kPBuffers == 0);
   EXPECT_EQ(DsMla576::kSmemRowBytes, kDsMlaRecordBytes);
   EXPECT_EQ(DsMla576::kGatherRowBytes, kDsMlaRecordBytes);
   EXPECT_EQ(DsMla512::kSmemRowBytes, kDsMlaRopeOffset);
@@ -130,15 +130,15 @@ TEST(KernelTraits, SixteenHeadSixteenBitBlocksHaveAOneStageVariantThatFitsTwiceP
   static_assert(!SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, 576, 2>::kHasOneStageVariant);
   static_assert(!SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 576, 1>::kHasOneStageVariant);
   EXPECT_EQ(Bf16::OneStage::kStages, 1);
-  EXPECT_EQ(sm120_blocks_by_smem(Bf16::kSmemBytes), 1);  // 86,912 bytes
-  EXPECT_EQ(sm120_blocks_by_smem(Bf16::OneStage::kSmemBytes), 2);  // 49,408
+  EXPECT_EQ(sm120_blocks_by_smem(Bf16::kSmemBytes), 1);  // 85,632 bytes
+  EXPECT_EQ(sm120_blocks_by_smem(Bf16::OneStage::kSmemBytes), 2);  // 48,128
   EXPECT_EQ(sm120_blocks_by_smem(Fp16::kSmemBytes), 1);
   EXPECT_EQ(sm120_blocks_by_smem(Fp16::OneStage::kSmemBytes), 2);
 }
 
 namespace {
 
-// Two S chains (v16) and conditional rescaling (v17): each measured faster only there.
+// Two S chains (v16): measured faster only there.
 template <typename Traits>
 void expect_bf16_q_and_cache_32_head_rules(const char* variant) {
   const bool there = Traits::kFormat == KvFormat::kBFloat16 &&
@@ -149,7 +149,6 @@ void expect_bf16_q_and_cache_32_head_rules(const char* variant) {
            (std::is_same_v<typename Traits::QElement, __half> ? "fp16" : "bf16");
   };
   EXPECT_EQ(Traits::kSTwoChains, there) << config();
-  EXPECT_EQ(Traits::kLazyRescale, there) << config();
 }
 
 template <typename QElement, KvFormat kFormat, int kHeadDim, int kHeadGroups>
@@ -172,7 +171,7 @@ void expect_rules_of_every_shape() {
 
 }  // namespace
 
-TEST(KernelTraits, OnlyBf16QAndCacheThirtyTwoHeadBlocksAccumulateSInTwoChainsAndRescaleLazily) {
+TEST(KernelTraits, OnlyBf16QAndCacheThirtyTwoHeadBlocksAccumulateSInTwoChains) {
   // Each rule's measurements are in kernel_traits.h beside it (bench/HISTORY.md v16, v17).
   for (auto check : {expect_rules_of_every_shape<__nv_bfloat16, KvFormat::kBFloat16>,
                      expect_rules_of_every_shape<__half, KvFormat::kBFloat16>,
