@@ -208,13 +208,18 @@ int64_t bench_mma_sync_peak(const at::Tensor& sink, int64_t num_blocks, int64_t 
 int64_t workspace_size(int64_t num_sms) { return sparse_mla::workspace_size(static_cast<int>(num_sms)); }
 
 // Blocks of the forward kernel for (q dtype, cache format, head_size, a block of num_heads heads:
-// 16-head for 1-16, 32-head for 17-128) that one SM of `device` holds at once, or with one_stage /
-// decoded_fp8 / paired_scores those of that variant (0 where it has none): what the planner plans
-// with.
+// 16-head for 1-16, 32-head for 17-128) that one SM of `device` holds at once, or those of its
+// `variant` (0 where it has none): what the planner plans with. For tests and benchmarks.
 int64_t fwd_blocks_per_sm(at::ScalarType dtype, const std::string& kv_cache_dtype, int64_t head_size,
-                          int64_t num_heads, at::Device device, bool one_stage, bool decoded_fp8, bool paired_scores) {
-  TORCH_CHECK_VALUE(int{one_stage} + int{decoded_fp8} + int{paired_scores} <= 1,
-                    "one_stage, decoded_fp8 and paired_scores name different variants: set one");
+                          int64_t num_heads, at::Device device, const std::string& variant) {
+  using sparse_mla::FwdVariant;
+  const FwdVariant v = variant == "main"            ? FwdVariant::kMain
+                       : variant == "one_stage"     ? FwdVariant::kOneStage
+                       : variant == "decoded_fp8"   ? FwdVariant::kDecodedFp8
+                       : variant == "paired_scores" ? FwdVariant::kPairedScores
+                                                    : static_cast<FwdVariant>(-1);
+  TORCH_CHECK_VALUE(v != static_cast<FwdVariant>(-1),
+                    "variant must be main, one_stage, decoded_fp8 or paired_scores, got '" + variant + "'");
   TORCH_CHECK_VALUE(dtype == at::kBFloat16 || dtype == at::kHalf,
                     std::string("dtype must be bfloat16 or float16, got ") + c10::toString(dtype));
   TORCH_CHECK_VALUE(kv_cache_dtype != "auto", "kv_cache_dtype must name the cache format ('auto' needs a cache)");
@@ -228,11 +233,7 @@ int64_t fwd_blocks_per_sm(at::ScalarType dtype, const std::string& kv_cache_dtyp
   const c10::cuda::CUDAGuard guard(device);
   return sparse_mla::fwd_blocks_per_sm(dtype == at::kBFloat16 ? sparse_mla::DType::kBFloat16 : sparse_mla::DType::kFloat16,
                                        format, static_cast<int>(head_size),
-                                       sparse_mla::head_groups_for(static_cast<int>(num_heads)),
-                                       one_stage       ? sparse_mla::FwdVariant::kOneStage
-                                       : decoded_fp8   ? sparse_mla::FwdVariant::kDecodedFp8
-                                       : paired_scores ? sparse_mla::FwdVariant::kPairedScores
-                                                       : sparse_mla::FwdVariant::kMain);
+                                       sparse_mla::head_groups_for(static_cast<int>(num_heads)), v);
 }
 
 // The CUDA targets this library was built for, as GLM53_ARCHS listed them ("80,120a", plus
@@ -266,7 +267,7 @@ TORCH_LIBRARY(sparse_mla_bw, m) {
       &check_concat_and_cache);
   m.def("workspace_size(int num_sms) -> int", &workspace_size);
   m.def("fwd_blocks_per_sm(ScalarType dtype, str kv_cache_dtype, int head_size, int num_heads, Device device, "
-        "bool one_stage=False, bool decoded_fp8=False, bool paired_scores=False) -> int",
+        "str variant=\"main\") -> int",
         &fwd_blocks_per_sm);
   m.def("format_constants() -> int[]", &format_constants);
   m.def("compiled_targets() -> str", &compiled_targets);

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from vllm_sparse_mla_blackwell import cases, ops, reference, verify
+from vllm_sparse_mla_blackwell import _testing, cases, ops, reference, verify
 from vllm_sparse_mla_blackwell.cases import Case
 
 pytestmark = pytest.mark.gpu
@@ -82,7 +82,7 @@ def test_bf16_cache_values_outside_fp16_range(value_scale_log2, num_heads, num_t
     in its subnormals (2^-14: ~10 % of them below 2^-17) meet the bars: the bf16 cache's MMAs
     take V as stored (P V in fp16 with V converted, and a bf16 fallback pass, ran 0.95-1.00x in
     v17: bench/HISTORY.md). q is scaled by the inverse, so the scores are the usual ones. 64 heads
-    run the 32-head kernel, whose running max moves lazily (kernel_traits.h kLazyRescale)."""
+    run the 32-head kernel (two S chains: kernel_traits.h kSTwoChains)."""
     _check(verify.run_case(Case(head_size=head_size, num_heads=num_heads, topk=2048, num_tokens=num_tokens,
                                 value_scale_log2=value_scale_log2, block_heads=block_heads), torch.device("cuda")))
 
@@ -90,11 +90,10 @@ def test_bf16_cache_values_outside_fp16_range(value_scale_log2, num_heads, num_t
 @pytest.mark.parametrize("block_heads", [None, 32])
 @pytest.mark.parametrize("topk, masking", [(96, "topk_len"), (128, "none")])
 def test_fp8_ds_mla_accuracy_at_small_topk(topk, masking, block_heads):
-    """fp8_ds_mla's P carries the key scales; in one fp16 part it rounds even a row's dominant
-    terms, and these rows, where a few keys dominate, measured 0.9999975-0.9999979 (bench/HISTORY.md
-    v14). With P as fp16 hi + lo every bar of verify must hold (tools/fp8_p_rounding.py
-    predicts 0.9999997). 32 heads at D = 576, 272 tokens: v14's inputs (the case seed hashes the
-    shape), a grid of more blocks than SMs on the H200 (raw tiles there)."""
+    """fp8_ds_mla's P carries the key scales, so its fp16 rounding touches even a row's dominant
+    terms; rows where a few keys dominate are where that shows most (bench/HISTORY.md v14). 32
+    heads at D = 576, 272 tokens: v14's inputs (the case seed hashes the shape), a grid of more
+    blocks than SMs on the H200 (raw tiles there)."""
     _check(verify.run_case(Case(head_size=576, num_heads=32, topk=topk, num_tokens=272,
                                 kv_cache_dtype="fp8_ds_mla", masking=masking, block_heads=block_heads),
                            torch.device("cuda")))
@@ -161,7 +160,7 @@ def _planned_block_heads(kv_cache_dtype: str, head_size: int, num_heads: int, sp
         return 16
     if kv_cache_dtype == "fp16":
         return 32
-    return 16 if ops.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, 16) >= 2 else 32
+    return 16 if _testing.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, 16) >= 2 else 32
 
 
 @pytest.mark.parametrize("block_heads", [None, 16, 32])
@@ -206,9 +205,9 @@ def test_fp8_raw_and_decoded_tile_kernels(head_size, num_heads, block_heads, kv_
     bh = block_heads or _planned_block_heads(kv_cache_dtype, head_size, num_heads, split_short=False)
     raw_tiles = ((bh == 16 or head_size == 576 or kv_cache_dtype == "fp8_ds_mla")
                  and (props.major, props.minor) >= (8, 9))
-    occupancy = [ops.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, bh, decoded_fp8=decoded)
-                 for decoded in (False, True)]
-    paired = ops.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, bh, paired_scores=True)
+    occupancy = [_testing.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, bh, variant=v)
+                 for v in ("main", "decoded_fp8")]
+    paired = _testing.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, bh, variant="paired_scores")
     # planner.h variant_raises_occupancy: the paired-scores variant first, then the decode-once one.
     raw_tiles = raw_tiles and not (occupancy[0] < 2 <= occupancy[1] and paired < 2)
     for num_tokens, topk, raw in ((1, 64, False), (7, 64, False), (2 * sms, 512, raw_tiles)):
@@ -234,28 +233,28 @@ def test_fwd_blocks_per_sm():
     for dtype in (torch.bfloat16, torch.float16):
         for kv in ("bfloat16", "float16", "fp8_e4m3", "fp8_ds_mla"):
             for head_size in (512, 576):
-                sixteen, thirty_two = (ops.fwd_blocks_per_sm(dtype, kv, head_size, h) for h in (16, 128))
-                assert ops.fwd_blocks_per_sm(dtype, kv, head_size, 1) == sixteen
-                assert ops.fwd_blocks_per_sm(dtype, kv, head_size, 17) == thirty_two
+                sixteen, thirty_two = (_testing.fwd_blocks_per_sm(dtype, kv, head_size, h) for h in (16, 128))
+                assert _testing.fwd_blocks_per_sm(dtype, kv, head_size, 1) == sixteen
+                assert _testing.fwd_blocks_per_sm(dtype, kv, head_size, 17) == thirty_two
                 assert sixteen >= thirty_two >= 1, (dtype, kv, head_size)
-                one_stage = ops.fwd_blocks_per_sm(dtype, kv, head_size, 16, one_stage=True)
+                one_stage = _testing.fwd_blocks_per_sm(dtype, kv, head_size, 16, variant="one_stage")
                 if kv in ("bfloat16", "float16"):
                     assert one_stage >= max(2, sixteen), (dtype, kv, head_size)
                 else:
                     assert one_stage == 0, (dtype, kv, head_size)
-                assert ops.fwd_blocks_per_sm(dtype, kv, head_size, 17, one_stage=True) == 0
-                decoded = [ops.fwd_blocks_per_sm(dtype, kv, head_size, h, decoded_fp8=True) for h in (16, 32)]
+                assert _testing.fwd_blocks_per_sm(dtype, kv, head_size, 17, variant="one_stage") == 0
+                decoded = [_testing.fwd_blocks_per_sm(dtype, kv, head_size, h, variant="decoded_fp8") for h in (16, 32)]
                 if kv.startswith("fp8"):
                     no_variant = (kv, head_size) == ("fp8_e4m3", 512)  # that main kernel decodes once
                     assert decoded == [2, 0 if no_variant else 1], (dtype, kv, head_size, decoded)
                 else:
                     assert decoded == [0, 0], (dtype, kv, head_size, decoded)
-                paired = [ops.fwd_blocks_per_sm(dtype, kv, head_size, h, paired_scores=True) for h in (16, 32)]
+                paired = [_testing.fwd_blocks_per_sm(dtype, kv, head_size, h, variant="paired_scores") for h in (16, 32)]
                 if (kv, head_size) == ("fp8_ds_mla", 576):
                     assert paired[0] >= max(2, sixteen) and paired[1] == 0, (dtype, kv, head_size, paired)
                 else:
                     assert paired == [0, 0], (dtype, kv, head_size, paired)
-    assert ops.fwd_blocks_per_sm(torch.float16, "fp8_e4m3", 512, 16) >= 2
+    assert _testing.fwd_blocks_per_sm(torch.float16, "fp8_e4m3", 512, 16) >= 2
 
 
 def test_sm120_occupancy_emulation(same_package_env):
@@ -263,7 +262,7 @@ def test_sm120_occupancy_emulation(same_package_env):
     sm_120 SM's (16-head kernels: fp8_ds_mla at D = 576 of raw tiles, 52,608 bytes, one block, its
     paired-scores variant, 47,488 bytes, two, and its decode-once variant, 48,384 bytes, two;
     fp8_e4m3 at D = 512, 44,672 bytes, two, and its decode-once variant two; bf16 at D = 576 and
-    fp16 at D = 512 with two stages, 86,912 and 77,440 bytes, one; their one-stage variants, 49,408
+    fp16 at D = 512 with two stages, 85,632 and 77,440 bytes, one; their one-stage variants, 48,128
     and 45,312 bytes, two), and every kernel class
     still launches, asking for about 2.3x its shared memory on an sm_90 (at most 221 KB), and gives
     right values: bf16, fp16 and both fp8 caches, 16 and 32 heads, D 512 and 576, unsplit (topk 32),
@@ -277,15 +276,15 @@ def test_sm120_occupancy_emulation(same_package_env):
     decode-once one (which ran there before that variant) nor the main one."""
     probes = [(torch.float16, "fp8_ds_mla", 576, 16), (torch.float16, "fp8_e4m3", 512, 16),
               (torch.bfloat16, "bfloat16", 576, 16), (torch.float16, "float16", 512, 16)]
-    normal = [ops.fwd_blocks_per_sm(*args) for args in probes]
+    normal = [_testing.fwd_blocks_per_sm(*args) for args in probes]
     script = (
         "import sys, torch\n"
         "from torch.profiler import ProfilerActivity, profile\n"
-        "from vllm_sparse_mla_blackwell import cases, ops, verify\n"
-        f"occupancy = [ops.fwd_blocks_per_sm(*args) for args in {probes!r}]\n"
-        f"occupancy += [ops.fwd_blocks_per_sm(*args, one_stage=True) for args in {probes!r}]\n"
-        f"occupancy += [ops.fwd_blocks_per_sm(*args, decoded_fp8=True) for args in {probes!r}]\n"
-        f"occupancy += [ops.fwd_blocks_per_sm(*args, paired_scores=True) for args in {probes!r}]\n"
+        "from vllm_sparse_mla_blackwell import _testing, cases, verify\n"
+        f"occupancy = [_testing.fwd_blocks_per_sm(*args) for args in {probes!r}]\n"
+        f"occupancy += [_testing.fwd_blocks_per_sm(*args, variant='one_stage') for args in {probes!r}]\n"
+        f"occupancy += [_testing.fwd_blocks_per_sm(*args, variant='decoded_fp8') for args in {probes!r}]\n"
+        f"occupancy += [_testing.fwd_blocks_per_sm(*args, variant='paired_scores') for args in {probes!r}]\n"
         "two_per_sm = 2 * torch.cuda.get_device_properties(0).multi_processor_count + 8\n"
         "shapes = [(h, t, k, 'none', 'bf16') for h in (16, 32) for t, k in ((3, 32), (1, 300), (64, 2048))]\n"
         "shapes += [(16, two_per_sm, 64, 'topk_len', q) for q in ('bf16', 'fp16')]\n"

@@ -14,7 +14,7 @@ import zlib
 import pytest
 import torch
 
-from vllm_sparse_mla_blackwell import cases, formats, ops, reference
+from vllm_sparse_mla_blackwell import _testing, cases, formats, ops, reference
 
 pytestmark = pytest.mark.skipif(not ops.extension_available(), reason="op library not built")
 
@@ -163,11 +163,6 @@ BAD_INPUTS = [
     ("workspace", lambda a: a.update(workspace=a["indices"].view(-1).view(torch.uint8)), "workspace must not overlap indices"),
     ("kv_cache", lambda a: a.update(kv_cache=torch.zeros(2, 2, 2, 2, 576, dtype=torch.bfloat16)), "kv_cache must have at most 4 dims"),
     ("q", lambda a: a.update(q=a["q"].double()), "got Double"),
-    ("block_heads", lambda a: a.update(block_heads=24), "block_heads must be 16, 32 or None, got 24"),
-    ("block_heads", lambda a: a.update(block_heads=0), "block_heads must be 16, 32 or None, got 0"),
-    ("block_heads", lambda a: a.update(block_heads=32), "block_heads 32 needs num_heads > 16"),
-    ("block_heads", lambda a: a.update(block_heads=True), "block_heads must be 16, 32 or None"),
-    ("block_heads", lambda a: a.update(block_heads=16.0), "block_heads must be 16, 32 or None, got 16.0"),
 ]
 
 
@@ -275,15 +270,35 @@ def test_forward_still_needs_evenly_spaced_blocks():
 def test_fwd_blocks_per_sm_names_the_bad_argument(args, message):
     """Checked before any CUDA call, so on any machine."""
     with pytest.raises(ValueError, match=message):
-        ops.fwd_blocks_per_sm(*args)
+        _testing.fwd_blocks_per_sm(*args)
 
 
-@pytest.mark.parametrize("variants", [dict(one_stage=True, decoded_fp8=True),
-                                      dict(decoded_fp8=True, paired_scores=True),
-                                      dict(one_stage=True, paired_scores=True)])
-def test_fwd_blocks_per_sm_takes_one_variant(variants):
-    with pytest.raises(ValueError, match="one_stage, decoded_fp8 and paired_scores name different variants"):
-        ops.fwd_blocks_per_sm(torch.bfloat16, "fp8_ds_mla", 576, 16, 0, **variants)
+def test_fwd_blocks_per_sm_names_an_unknown_variant():
+    with pytest.raises(ValueError, match="variant must be main, one_stage, decoded_fp8 or paired_scores, got 'two'"):
+        _testing.fwd_blocks_per_sm(torch.bfloat16, "fp8_ds_mla", 576, 16, 0, variant="two")
+
+
+@pytest.mark.parametrize("block_heads, message", [
+    (24, "block_heads must be 16, 32 or None, got 24"),
+    (0, "block_heads must be 16, 32 or None, got 0"),
+    (True, "block_heads must be 16, 32 or None"),
+    (16.0, "block_heads must be 16, 32 or None, got 16.0"),
+    (32, "block_heads 32 needs num_heads > 16"),
+])
+def test_forced_block_heads_are_checked_and_nothing_written(block_heads, message):
+    """The testing knob's values (16 or 32, 32 only above 16 heads), named before any launch."""
+    args = _good_args()
+    poisoned = args["out"]
+    with pytest.raises(ValueError, match=message):
+        _testing.sparse_mla_fwd(**args, block_heads=block_heads)
+    assert poisoned.isnan().all()
+
+
+def test_public_op_has_no_measurement_knobs():
+    import inspect
+
+    assert "block_heads" not in inspect.signature(ops.sparse_mla_fwd).parameters
+    assert not hasattr(ops, "fwd_blocks_per_sm")
 
 
 def test_format_constants_agree_with_cpp():

@@ -346,9 +346,7 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   p.head_groups = plan.head_groups;
   p.num_splits = plan.num_splits;
   p.tiles_per_split = plan.tiles_per_split;
-  p.one_stage = plan.variant == FwdVariant::kOneStage;
-  p.decoded_fp8 = plan.variant == FwdVariant::kDecodedFp8;
-  p.paired_scores = plan.variant == FwdVariant::kPairedScores;
+  p.variant = plan.variant;
   p.combine_split_groups = plan.combine_split_groups;
   if (p.num_splits > 1) {
     float* ws = static_cast<float*>(const_cast<void*>(a.workspace.data));

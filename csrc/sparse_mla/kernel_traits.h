@@ -11,21 +11,17 @@
 
 namespace sparse_mla {
 
-// Heads one block serves: 16 (one m16 tile), or 32, so that each gathered KV tile feeds twice the
-// MMA work and L2 serves each row to half as many blocks. Which one a launch of more than 16
-// heads runs is planned (planner.h plan_head_groups).
+// Heads one block serves: 16 (one m16 tile) or 32 (each gathered tile feeds twice the MMAs);
+// planned per launch (planner.h plan_head_groups).
 constexpr int kMaxHeadGroups = 2;
 // The groups of the largest block a token of num_heads heads can fill.
 constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 
 // QElement: q / out type. kFormat: cache row format. kHeadDim: D (512 or 576). kHeadGroups:
-// groups of 16 heads per block. kCopyStages: cp.async stages of a 16-bit or raw fp8 cache (2; 1
-// only for the 16-head 16-bit variant that planner.h plan_fwd_splits picks). kFp8RawTiles: fp8 tiles
-// stay raw in shared memory (false for the decode-once variant that planner.h plan_fwd_splits and
-// decoded_fp8_plan pick, and always for fp8_e4m3's 32-head blocks at D = 512, which ran
-// 0.94-1.00x with raw tiles on the H200, v13; fp8_ds_mla's, 0.98x in v14, ran 1.03-1.04x in v15
-// once its softmax was shared; bench/HISTORY.md). kPairedScores: the PairedScores variant below
-// (partial scores in one buffer per pair of warps), which plan_fwd_splits picks.
+// groups of 16 heads per block. The last three select a variant (docs/design.md, the table of
+// variants): kCopyStages 1 is OneStage, kFp8RawTiles false DecodedFp8 (always so for fp8_e4m3's
+// 32-head blocks at D = 512, where raw tiles did not pay: bench/HISTORY.md v13), kPairedScores
+// PairedScores.
 template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2,
           bool kFp8RawTiles_ = !is_fp8(kFormat_) || kHeadGroups_ == 1 || kHeadDim_ == kHeadSizeRoPE ||
                                kFormat_ == KvFormat::kFp8DsMla,
@@ -47,13 +43,9 @@ struct SparseMlaFwdTraits {
   // S in two chains of MMAs (even and odd k-steps): measured faster only for bf16 q with a bf16
   // cache in 32-head blocks (bench/HISTORY.md v16).
   static constexpr bool kSTwoChains = kMmaBf16 && !kQSplit && kHeadGroups_ == 2;
-  // fp8_ds_mla folds its per-row scales into P. P is fp16 there, where a small scale would push
-  // it into the subnormals, so each warp divides its P copy by a power of two near the tile's
-  // largest scale; the accumulator is multiplied back in the next tile's rescale and in the
-  // epilogue (both exact). Each warp's P differs (its column tile's scales), so the softmax
-  // threads write p in fp32, and every warp builds its own P fragments from it in registers
-  // (kRegisterP): no P copies in shared memory. (v14 ran the softmax in every warp instead, which
-  // saved a barrier but read the four partial scores four times: bench/HISTORY.md v15.)
+  // fp8_ds_mla folds its per-row scales into P, so each warp's P differs (its column tile's
+  // scales): the softmax writes p in fp32 and every warp builds its own P fragments in registers,
+  // divided by a power of two near its tile's largest scale to keep fp16 out of the subnormals.
   static constexpr bool kDsMla = kFormat == KvFormat::kFp8DsMla;
   static constexpr bool kRegisterP = kDsMla;
 
@@ -82,20 +74,12 @@ struct SparseMlaFwdTraits {
   static_assert(kLatentStepsPerWarp * 16 == kDsMlaTile && kDvPerWarp == kDsMlaTile,
                 "a warp's latent columns must be one fp8_ds_mla scale tile");
 
-  // 16-bit cache rows and fp8 rows are copied straight into shared memory with cp.async (two
-  // stages, one in flight while the other is computed; one in the 16-bit OneStage variant
-  // below). fp8 tiles stay raw there, one byte per value (fp8_ds_mla: its record as stored,
-  // scales and bf16 rope included, without the rope at D = 512), and are decoded per MMA
-  // fragment as the S and P V phases read them: half the shared-memory traffic of a decoded
-  // tile, which bound the 16-head fp8 kernels (ncu, bench/HISTORY.md v12), for 1.9-2x (16 heads)
-  // or 3.8-4x (32 heads) the conversions; in launches of one wave of blocks, each alone on its
-  // SM, those cost more than they save (bench/HISTORY.md v13), and the DecodedFp8 variant below
-  // runs there (fp8_e4m3's 32-head blocks at D = 512: always; kFp8RawTiles above).
-  // In that variant fp8 rows are loaded into registers one tile ahead and decoded on the way
-  // into shared memory; 32-head blocks (one per SM anyway) decode into a second stage at the end
-  // of the tile before, where it fits the ceiling (fp8_ds_mla's, without P copies, always does),
-  // 16-head ones into their one stage between two barriers of their own, which keeps two of them
-  // on an sm_120 SM (bench/HISTORY.md v11).
+  // Rows are copied into shared memory with cp.async, two stages (one in OneStage). fp8 tiles
+  // stay raw there (fp8_ds_mla: the record as stored, without its rope at D = 512) and are
+  // decoded per MMA fragment: half the shared-memory traffic of a decoded tile, which bound the
+  // 16-head fp8 kernels (bench/HISTORY.md v12). DecodedFp8 instead loads fp8 rows into registers
+  // a tile ahead and decodes them into shared memory: into a second stage where it fits (32-head
+  // blocks), else into the one stage between two barriers, which keeps two blocks on a 100 KB SM.
   static constexpr bool kRawFp8 = is_fp8(kFormat) && kFp8RawTiles_;
   static constexpr bool kDirectCopy = kFormat == KvFormat::kBFloat16 || kFormat == KvFormat::kFloat16 || kRawFp8;
   static constexpr int kQParts = kQSplit ? 2 : 1;
@@ -123,10 +107,8 @@ struct SparseMlaFwdTraits {
   // Shared memory per stage (tile, valid flags, decoded fp8_ds_mla's scales) and the rest.
   static constexpr bool kScaleBuffer = kDsMla && !kRawFp8;
   static constexpr int kSmemPerStage = kSmemKVStageBytes + kBlockN * 4 + (kScaleBuffer ? kBlockN * 4 * 4 : 0);
-  // Partial-score buffers per head group: one per warp; or, in the PairedScores variant, one per
-  // pair of warps: warps 2 and 3 add theirs into warps 0 and 1's behind one more head-group
-  // barrier per tile, so the softmax reads two partial sums (kHasPairedScoresVariant below says
-  // where it exists).
+  // Partial-score buffers per head group: one per warp; in PairedScores one per pair of warps
+  // (warps 2 and 3 add theirs into 0 and 1's behind one more barrier).
   static constexpr int kSmemSPartBytes = kSmemSPartElems * 4;
   static constexpr bool kPairedScores = kPairedScores_;
   static_assert(!kPairedScores || (kDirectCopy && kHeadGroups == 1), "paired partial scores: 16-head copied tiles");
@@ -135,8 +117,8 @@ struct SparseMlaFwdTraits {
                                        kHeadGroups * kPBuffers * kSmemPBufferElems * 2 + 2 * kBlockH * 4;
   static constexpr int kStages =
       kDirectCopy ? kCopyStages_ : (kHeadGroups == 2 && kSmemUnstaged + 2 * kSmemPerStage <= kSmemBudgetBytes) ? 2 : 1;
-  // A 16-head 16-bit block of one stage (86.9 KB at D = 576 with two: one per sm_120 SM; 49.4 KB
-  // with one: two), whose gather is not prefetched but hides behind the other block's MMAs.
+  // OneStage: a 16-head 16-bit block of one stage fits twice on a 100 KB SM (two stages: once);
+  // its gather is not prefetched but hides behind the other block's MMAs.
   static constexpr bool kHasOneStageVariant = kDirectCopy && !kRawFp8 && kHeadGroups == 1 && kCopyStages_ == 2;
   static_assert(kCopyStages_ == 2 || (kCopyStages_ == 1 && kDirectCopy && !kRawFp8 && kHeadGroups == 1));
   using OneStage = SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, 1>;
@@ -153,11 +135,8 @@ struct SparseMlaFwdTraits {
   static constexpr int kSmemBytes = kSmemScaleOffset + (kScaleBuffer ? kStages * kBlockN * 4 * 4 : 0);
   static_assert(kSmemBytes == kSmemUnstaged + kStages * kSmemPerStage);
 
-  // The PairedScores variant exists where pairing alone lets a 16-head block of copied tiles share
-  // an sm_120 SM with a second one: fp8_ds_mla's raw tiles at D = 576, 52,608 bytes, 47,488
-  // paired, which planner.h plan_fwd_splits runs where it raises the occupancy (at sm_120's occupancy
-  // 1.17-1.27x the decode-once kernel at T >= 64, 16 heads; on the H200, where the main kernel
-  // holds two blocks per SM too, 0.96-0.98x the main one; bench/HISTORY.md v22).
+  // PairedScores exists where pairing alone lets a 16-head block of copied tiles fit twice on a
+  // 100 KB SM (fp8_ds_mla's raw tiles at D = 576; bench/HISTORY.md v22).
   static constexpr bool kHasPairedScoresVariant =
       !kPairedScores && kDirectCopy && kHeadGroups == 1 && sm120_blocks_by_smem(kSmemBytes) < 2 &&
       sm120_blocks_by_smem(kSmemBytes - kWarpsPerGroup / 2 * kSmemSPartBytes) >= 2;

@@ -123,32 +123,39 @@ int blocks_per_sm_of() {
   });
 }
 
+// fn(traits) for the traits of `variant` of the configuration Traits, or missing() where the
+// configuration has no such variant.
+template <typename Traits, typename Fn, typename Missing>
+auto with_variant(FwdVariant variant, Fn&& fn, Missing&& missing) {
+  switch (variant) {
+    case FwdVariant::kMain:
+      return fn(Traits{});
+    case FwdVariant::kOneStage:
+      if constexpr (Traits::kHasOneStageVariant) return fn(typename Traits::OneStage{});
+      break;
+    case FwdVariant::kDecodedFp8:
+      if constexpr (Traits::kHasDecodedFp8Variant) return fn(typename Traits::DecodedFp8{});
+      break;
+    case FwdVariant::kPairedScores:
+      if constexpr (Traits::kHasPairedScoresVariant) return fn(typename Traits::PairedScores{});
+      break;
+  }
+  return missing();
+}
+
+// A variant the configuration lacks runs its main kernel: the planner asks for the decode-once
+// variant by rule (planner.h decoded_fp8_plan), and fp8_e4m3's 32-head blocks at D = 512 have
+// no other kernel than one that decodes once.
 template <typename Traits>
 cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream) {
-  if constexpr (Traits::kHasOneStageVariant) {
-    if (p.one_stage) return launch_fwd<typename Traits::OneStage>(p, stream);
-  }
-  if constexpr (Traits::kHasDecodedFp8Variant) {
-    if (p.decoded_fp8) return launch_fwd<typename Traits::DecodedFp8>(p, stream);
-  }
-  if constexpr (Traits::kHasPairedScoresVariant) {
-    if (p.paired_scores) return launch_fwd<typename Traits::PairedScores>(p, stream);
-  }
-  return launch_fwd<Traits>(p, stream);
+  const auto launch = [&](auto traits) { return launch_fwd<decltype(traits)>(p, stream); };
+  return with_variant<Traits>(p.variant, launch, [&] { return launch(Traits{}); });
 }
 
 template <typename Traits>
 int sparse_mla_fwd_blocks_per_sm(FwdVariant variant) {
-  if constexpr (Traits::kHasOneStageVariant) {
-    if (variant == FwdVariant::kOneStage) return blocks_per_sm_of<typename Traits::OneStage>();
-  }
-  if constexpr (Traits::kHasDecodedFp8Variant) {
-    if (variant == FwdVariant::kDecodedFp8) return blocks_per_sm_of<typename Traits::DecodedFp8>();
-  }
-  if constexpr (Traits::kHasPairedScoresVariant) {
-    if (variant == FwdVariant::kPairedScores) return blocks_per_sm_of<typename Traits::PairedScores>();
-  }
-  return variant == FwdVariant::kMain ? blocks_per_sm_of<Traits>() : 0;
+  return with_variant<Traits>(
+      variant, [](auto traits) { return blocks_per_sm_of<decltype(traits)>(); }, [] { return 0; });
 }
 
 }  // namespace sparse_mla

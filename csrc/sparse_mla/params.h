@@ -6,6 +6,11 @@
 
 namespace sparse_mla {
 
+// A kernel of one configuration: its main kernel, or one of the variants the planner may pick
+// (kernel_traits.h OneStage for 16-head 16-bit caches, DecodedFp8 for fp8 caches, PairedScores
+// for 16-head fp8_ds_mla at D = 576).
+enum class FwdVariant : int { kMain = 0, kOneStage = 1, kDecodedFp8 = 2, kPairedScores = 3 };
+
 struct SparseMlaFwdParams {
   // q = [q_nope | q_pe]: q_nope [T, H, 512 or D]; q_pe [T, H, R] or null (q_nope holds all of D).
   const void* q_nope;
@@ -50,15 +55,8 @@ struct SparseMlaFwdParams {
   // Threads of a combine block that split the splits between them: kCombineDecodeSplitGroups
   // or 1 (plan_sparse_mla_fwd; combine_kernel.cuh). Read by the launch, not by the kernels.
   int combine_split_groups;
-  // Planned for the one-stage 16-head 16-bit kernel (planner.h plan_fwd_splits), which the launch
-  // then runs. Read by the launch only.
-  bool one_stage;
-  // fp8 caches: run the variant that decodes each tile once into shared memory instead of the one
-  // with raw tiles (kernel_traits.h DecodedFp8; planner.h decoded_fp8_plan). Read by the launch only.
-  bool decoded_fp8;
-  // Run the variant whose partial scores take one buffer per pair of warps (kernel_traits.h
-  // PairedScores; planner.h plan_fwd_splits). Read by the launch only.
-  bool paired_scores;
+  // The kernel variant the planner chose (planner.h plan_fwd). Read by the launch only.
+  FwdVariant variant;
 };
 
 // Splits of the top-k axis per launch, at most (planner.h plan_splits; the combine kernel's lse
@@ -81,10 +79,5 @@ constexpr int combine_decode_loads(int num_splits) {
              ? kCombineDecodeMoreLoads
              : kCombineDecodeLoads;
 }
-
-// A kernel of one configuration: its main kernel, or one of the variants the planner may pick
-// (kernel_traits.h OneStage for 16-head 16-bit caches, DecodedFp8 for fp8 caches, PairedScores
-// for 16-head fp8_ds_mla at D = 576).
-enum class FwdVariant : int { kMain = 0, kOneStage = 1, kDecodedFp8 = 2, kPairedScores = 3 };
 
 }  // namespace sparse_mla

@@ -109,18 +109,18 @@ SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int head_groups, KvForm
   if (variant_raises_occupancy(blocks_per_sm, one_stage_blocks_per_sm)) {
     SplitPlan plan = plan_at(one_stage_blocks_per_sm);
     if (one_stage_plan(num_tokens, num_heads, head_groups, plan, num_sms)) {
-      plan.one_stage = true;
+      plan.variant = FwdVariant::kOneStage;
       return plan;
     }
   }
   if (variant_raises_occupancy(blocks_per_sm, paired_scores_blocks_per_sm)) {
     SplitPlan plan = plan_at(paired_scores_blocks_per_sm);
-    plan.paired_scores = true;
+    plan.variant = FwdVariant::kPairedScores;
     return plan;
   }
   if (variant_raises_occupancy(blocks_per_sm, decoded_fp8_blocks_per_sm)) {
     SplitPlan plan = plan_at(decoded_fp8_blocks_per_sm);
-    plan.decoded_fp8 = true;
+    plan.variant = FwdVariant::kDecodedFp8;
     return plan;
   }
   return plan_at(blocks_per_sm);
@@ -166,12 +166,9 @@ FwdPlan plan_fwd(DType dtype, KvFormat format, int head_size, int num_tokens, in
   plan.head_groups = head_groups;
   plan.num_splits = split.num_splits;
   plan.tiles_per_split = split.tiles_per_split;
-  const bool decoded_fp8 = is_fp8(format) && (split.decoded_fp8 || decoded_fp8_plan(num_tokens, num_heads, head_groups,
-                                                                                    split, num_sms, sm_version));
-  plan.variant = decoded_fp8            ? FwdVariant::kDecodedFp8
-                 : split.paired_scores ? FwdVariant::kPairedScores
-                 : split.one_stage     ? FwdVariant::kOneStage
-                                       : FwdVariant::kMain;
+  const bool decoded_fp8 = is_fp8(format) && decoded_fp8_plan(num_tokens, num_heads, head_groups, split, num_sms,
+                                                               sm_version);
+  plan.variant = decoded_fp8 ? FwdVariant::kDecodedFp8 : split.variant;
   plan.combine_split_groups = combine_split_groups(num_tokens, num_heads, plan.num_splits, num_sms);
   return plan;
 }

@@ -41,9 +41,7 @@ FwdPlan plan_fwd(DType dtype, KvFormat format, int head_size, int num_tokens, in
 struct SplitPlan {
   int num_splits;
   int tiles_per_split;
-  bool one_stage = false;    // run the one-stage 16-head 16-bit kernel (plan_fwd_splits)
-  bool decoded_fp8 = false;  // run the fp8 kernel that decodes each tile once (plan_fwd_splits)
-  bool paired_scores = false;  // run the paired-scores variant of raw fp8 tiles (plan_fwd_splits)
+  FwdVariant variant = FwdVariant::kMain;  // plan_fwd_splits' choice
 };
 SplitPlan plan_splits(int num_tokens, int num_heads, int head_groups, KvFormat format, int topk, int num_sms,
                       int64_t workspace_bytes, int blocks_per_sm = 1);

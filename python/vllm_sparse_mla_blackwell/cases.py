@@ -41,7 +41,7 @@ class Case:
     # those of value_scale_log2=0 and out is scaled by it: bf16 cache values past fp16's range or
     # in its subnormals, which the bf16 cache's MMAs must take as stored. Not part of the seed.
     value_scale_log2: int = 0
-    # Heads per kernel block forced on the op (ops.sparse_mla_fwd block_heads); None: planned.
+    # Heads per kernel block forced on the op (_testing.sparse_mla_fwd block_heads); None: planned.
     # Not part of the seed: the inputs of the planned launch.
     block_heads: int | None = None
 

@@ -126,34 +126,6 @@ def unsupported_device_reason(capability: tuple[int, int]) -> str | None:
             f"{'a' if major >= 9 else ''}")
 
 
-def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, num_heads: int,
-                      device: torch.device | str | int | None = None, *, one_stage: bool = False,
-                      decoded_fp8: bool = False, paired_scores: bool = False) -> int:
-    """Blocks of the forward kernel one SM of ``device`` (default: the current CUDA device) holds
-    at once, as the CUDA occupancy calculator gives it for the kernel configuration of q/out
-    ``dtype`` (``torch.bfloat16`` or ``torch.float16``), ``kv_cache_dtype`` (``"bfloat16"``,
-    ``"float16"``, ``"fp8_e4m3"`` or ``"fp8_ds_mla"``; not ``"auto"``), ``head_size`` (512 or
-    576) and ``num_heads``, which picks the block size: 1-16 the 16-head kernel, 17-128 the
-    32-head one (which of the two a launch of more than 16 heads runs is planned from these
-    counts: csrc/sparse_mla/planner.h ``plan_head_groups``). For the fp8 formats
-    that kernel keeps its tiles raw in shared memory. With ``one_stage``, the count of the
-    configuration's one-stage variant (16-head 16-bit caches only); with ``decoded_fp8``, that of
-    its variant that decodes each tile once (fp8 caches, but not fp8_e4m3's 32-head blocks at
-    D = 512, which always decode once); with ``paired_scores``, that of its variant whose warps
-    share partial-score buffers in pairs (16-head fp8_ds_mla at D = 576 only: 47,488 instead of
-    52,608 bytes of shared memory, two blocks per sm_120 SM); 0 where the configuration has no
-    such variant. The split planner plans with these counts: a launch runs a variant where an SM
-    holds one block of the main kernel but two of the variant (for the one-stage one, where the
-    plan suits it; the paired-scores one before the decode-once one), the decode-once one also in
-    grids of one wave and before sm_89 (csrc/sparse_mla/planner.h ``plan_fwd_splits``,
-    ``decoded_fp8_plan``). With ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the environment of the
-    process, the counts an sm_120 SM would give (README). Raises ``ValueError`` for any other
-    value or more than one variant at once, and ``RuntimeError`` without the op library."""
-    device = _cuda_device(device)
-    return int(_ops().fwd_blocks_per_sm(dtype, kv_cache_dtype, head_size, num_heads, device, one_stage, decoded_fp8,
-                                        paired_scores))
-
-
 def _cuda_device(device: torch.device | str | int | None) -> torch.device:
     """``device`` as ``torch.device("cuda", index)``: an index, a CUDA device or its name
     (``"cuda:1"``); ``None`` or ``"cuda"`` is the current CUDA device. Raises ``ValueError`` for a
@@ -200,7 +172,6 @@ def sparse_mla_fwd(
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
-    block_heads: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse-MLA attention over ``topk`` gathered cache rows per query token.
 
@@ -226,28 +197,28 @@ def sparse_mla_fwd(
         lse: optional fp32 ``[T, H]`` output, natural-log sum-exp of the valid scaled scores.
         workspace: optional uint8 buffer of ``workspace_size`` bytes; default one per device
             from ``get_workspace``.
-        block_heads: heads per kernel block, 16 or 32 (32 needs ``num_heads > 16``); default
-            ``None`` lets the planner choose from the GPU's occupancy and the launch's shape
-            (csrc/sparse_mla/planner.h ``plan_head_groups``). For tests and benchmarks of either
-            kernel; the result is the same up to rounding.
 
     Returns:
         ``(out, lse)``. A token with no valid slot gets ``out = 0``, ``lse = -inf``.
 
     Raises:
         ValueError: any bad argument (dtype, rank, shape, device, alignment, unsupported H or
-            D, topk < 1, sm_scale not a finite float32, block_heads not 16 or 32, or 32 with 16 or
-            fewer heads, tensors on different devices, meta ones included), naming the
-            argument, before any launch; nothing is written then.
+            D, topk < 1, sm_scale not a finite float32, tensors on different devices, meta ones
+            included), naming the argument, before any launch; nothing is written then.
         RuntimeError: the op library is not built, or a CUDA error.
     """
+    return _sparse_mla_fwd(q, kv_cache, indices, sm_scale, q_pe=q_pe, kv_cache_dtype=kv_cache_dtype, k_scale=k_scale,
+                           topk=topk, topk_len=topk_len, out=out, lse=lse, workspace=workspace)
+
+
+def _sparse_mla_fwd(q, kv_cache, indices, sm_scale, *, q_pe, kv_cache_dtype, k_scale, topk, topk_len, out, lse,
+                    workspace, block_heads=None):
+    """sparse_mla_fwd, with the heads per kernel block forced where ``block_heads`` is 16 or 32
+    (``_testing.sparse_mla_fwd`` checks it)."""
     if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int)):
         raise ValueError(f"topk must be an int or None, got {topk!r}")
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
         raise ValueError(f"sm_scale must be a finite float32 (a real number, not a tensor), got {sm_scale!r}")
-    if block_heads is not None and (isinstance(block_heads, bool) or not isinstance(block_heads, int)
-                                    or block_heads not in (16, 32)):
-        raise ValueError(f"block_heads must be 16, 32 or None, got {block_heads!r}")
     if q.dim() != 3 and (out is None or lse is None):
         raise ValueError(f"q must have 3 dims [num_tokens, num_heads, head_size], got shape {tuple(q.shape)}")
     num_tokens, num_heads = q.shape[0], q.shape[1]

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from vllm_sparse_mla_blackwell import cases, formats, ops
+from vllm_sparse_mla_blackwell import _testing, cases, formats, ops
 from vllm_sparse_mla_blackwell.cases import Case, CaseResult
 
 EXIT_FAILED = 1
@@ -101,10 +101,10 @@ def run_case(case: Case, device: torch.device) -> CaseResult:
     """One matrix case: its inputs (``cases.make_inputs``), the op, the fp32 comparison."""
     inputs = cases.make_inputs(case, device)
     lse = torch.full(inputs.out.shape[:2], float("nan"), dtype=torch.float32, device=device)
-    out, lse = ops.sparse_mla_fwd(
-        inputs.q, inputs.kv_cache, inputs.indices, case.sm_scale, q_pe=inputs.q_pe,
+    out, lse = _testing.sparse_mla_fwd(
+        inputs.q, inputs.kv_cache, inputs.indices, case.sm_scale, block_heads=case.block_heads, q_pe=inputs.q_pe,
         kv_cache_dtype=inputs.kv_cache_dtype, k_scale=inputs.k_scale, topk=case.topk,
-        topk_len=inputs.topk_len, out=inputs.out, lse=lse, block_heads=case.block_heads,
+        topk_len=inputs.topk_len, out=inputs.out, lse=lse,
     )
     torch.cuda.synchronize(device)
     return cases.compare(case, inputs, out, lse)

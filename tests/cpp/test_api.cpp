@@ -339,22 +339,22 @@ TEST(SplitPlan, OneStagePlanOnlyWhereItDoublesTheBlocksPerSm) {
   // sm_120's occupancy (one two-stage block per SM, two one-stage): T = 64 plans four splits of
   // 16 tiles for two blocks per SM, T = 1024 stays unsplit; both run the one-stage kernel.
   SplitPlan p = plan_fwd_splits(64, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, 1, 2);
-  EXPECT_TRUE(p.one_stage);
+  EXPECT_TRUE(p.variant == FwdVariant::kOneStage);
   EXPECT_EQ(p.num_splits, 4);
   EXPECT_EQ(p.tiles_per_split, 16);
   p = plan_fwd_splits(1024, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, 1, 2);
-  EXPECT_TRUE(p.one_stage);
+  EXPECT_TRUE(p.variant == FwdVariant::kOneStage);
   EXPECT_EQ(p.num_splits, 1);
   // Blocks of few tiles (T = 1, 4, 16) keep the two-stage kernel and its plan.
   for (int T : {1, 4, 16}) {
     p = plan_fwd_splits(T, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, 1, 2);
-    EXPECT_FALSE(p.one_stage) << T;
+    EXPECT_FALSE(p.variant == FwdVariant::kOneStage) << T;
     EXPECT_EQ(p.num_splits, plan_splits(T, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, 1).num_splits) << T;
   }
   // The H200 (two two-stage blocks per SM), no second one-stage block, no variant (0).
   for (const auto& [two, one] : {std::pair{2, 4}, std::pair{1, 1}, std::pair{1, 0}}) {
     p = plan_fwd_splits(64, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, two, one);
-    EXPECT_FALSE(p.one_stage) << two << " " << one;
+    EXPECT_FALSE(p.variant == FwdVariant::kOneStage) << two << " " << one;
     EXPECT_EQ(p.num_splits, plan_splits(64, 16, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, two).num_splits)
         << two << " " << one;
   }
@@ -378,21 +378,21 @@ int sm120_like_blocks_per_sm(DType, KvFormat format, int head_size, int head_gro
 }
 
 TEST(SplitPlan, LaunchPlanCarriesTheKernelVariant) {
-  EXPECT_TRUE(plan_sparse_mla_fwd(good_args(1024), true, 132, &sm120_like_blocks_per_sm).params.one_stage);
+  EXPECT_TRUE(plan_sparse_mla_fwd(good_args(1024), true, 132, &sm120_like_blocks_per_sm).params.variant == FwdVariant::kOneStage);
   const SparseMlaFwdParams t64 = plan_sparse_mla_fwd(good_args(64), true, 132, &sm120_like_blocks_per_sm).params;
-  EXPECT_TRUE(t64.one_stage);
+  EXPECT_TRUE(t64.variant == FwdVariant::kOneStage);
   EXPECT_EQ(t64.num_splits, 4);
-  EXPECT_FALSE(plan_sparse_mla_fwd(good_args(4), true, 132, &sm120_like_blocks_per_sm).params.one_stage);
+  EXPECT_FALSE(plan_sparse_mla_fwd(good_args(4), true, 132, &sm120_like_blocks_per_sm).params.variant == FwdVariant::kOneStage);
   // 32 heads: no variant.
-  EXPECT_FALSE(plan_sparse_mla_fwd(good_args(1024, 32), true, 132, &sm120_like_blocks_per_sm).params.one_stage);
+  EXPECT_FALSE(plan_sparse_mla_fwd(good_args(1024, 32), true, 132, &sm120_like_blocks_per_sm).params.variant == FwdVariant::kOneStage);
   // Without a workspace nothing splits, but a grid of two blocks per SM still takes the variant.
   SparseMlaFwdArgs no_workspace = good_args(1024);
   no_workspace.workspace = TensorDesc{};
   const SparseMlaFwdParams unsplit = plan_sparse_mla_fwd(no_workspace, true, 132, &sm120_like_blocks_per_sm).params;
   EXPECT_EQ(unsplit.num_splits, 1);
-  EXPECT_TRUE(unsplit.one_stage);
+  EXPECT_TRUE(unsplit.variant == FwdVariant::kOneStage);
   // Without the occupancy query: one block per SM, no variant.
-  EXPECT_FALSE(plan_sparse_mla_fwd(good_args(1024), true, 132).params.one_stage);
+  EXPECT_FALSE(plan_sparse_mla_fwd(good_args(1024), true, 132).params.variant == FwdVariant::kOneStage);
 }
 
 TEST(SplitPlan, DecodedFp8KernelWhereItDoublesTheBlocksPerSm) {
@@ -402,7 +402,7 @@ TEST(SplitPlan, DecodedFp8KernelWhereItDoublesTheBlocksPerSm) {
   for (int T : {1, 16, 32, 64, 1024}) {  // T = 32: 5 x 13 tiles at one block per SM, 8 x 8 at two
     const SplitPlan p = plan_fwd_splits(T, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, 1, 0, 2);
     const SplitPlan want = plan_splits(T, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, 2);
-    EXPECT_TRUE(p.decoded_fp8 && !p.one_stage) << T;
+    EXPECT_EQ(p.variant, FwdVariant::kDecodedFp8) << T;
     EXPECT_EQ(p.num_splits, want.num_splits) << T;
     EXPECT_EQ(p.tiles_per_split, want.tiles_per_split) << T;
   }
@@ -411,7 +411,7 @@ TEST(SplitPlan, DecodedFp8KernelWhereItDoublesTheBlocksPerSm) {
   // The H200 (two of raw tiles), no second decode-once block, no variant: the main kernel's plan.
   for (const auto& [raw, decoded] : {std::pair{2, 2}, std::pair{1, 1}, std::pair{1, 0}}) {
     const SplitPlan p = plan_fwd_splits(64, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, raw, 0, decoded);
-    EXPECT_FALSE(p.decoded_fp8) << raw << " " << decoded;
+    EXPECT_FALSE(p.variant == FwdVariant::kDecodedFp8) << raw << " " << decoded;
     EXPECT_EQ(p.num_splits, plan_splits(64, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, raw).num_splits)
         << raw << " " << decoded;
   }
@@ -421,7 +421,7 @@ TEST(SplitPlan, DecodedFp8KernelWhereItDoublesTheBlocksPerSm) {
     const bool ds_mla = std::string(kv_cache_dtype) == "fp8_ds_mla";
     a.kv_cache = tensor(ScalarType::kUInt8, {256, 64, ds_mla ? 656 : D}, 1);
     a.kv_cache_dtype = kv_cache_dtype;
-    return plan_sparse_mla_fwd(a, true, 170, &sm120_like_blocks_per_sm, 120).params.decoded_fp8;
+    return plan_sparse_mla_fwd(a, true, 170, &sm120_like_blocks_per_sm, 120).params.variant == FwdVariant::kDecodedFp8;
   };
   EXPECT_FALSE(decoded("fp8_ds_mla", 576, 1024, 16));  // two of the paired-scores variant (below)
   EXPECT_FALSE(decoded("fp8_ds_mla", 512, 1024, 16));  // two of raw tiles fit
@@ -438,12 +438,12 @@ TEST(SplitPlan, PairedScoresVariantWhereItDoublesTheBlocksPerSm) {
   for (int T : {1, 16, 32, 64, 1024}) {  // T = 32: 5 x 13 tiles at one block per SM, 8 x 8 at two
     const SplitPlan p = plan_fwd_splits(T, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, 1, 0, 2, 2);
     const SplitPlan want = plan_splits(T, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 170, ws, 2);
-    EXPECT_TRUE(p.paired_scores && !p.decoded_fp8 && !p.one_stage) << T;
+    EXPECT_EQ(p.variant, FwdVariant::kPairedScores) << T;
     EXPECT_EQ(p.num_splits, want.num_splits) << T;
     EXPECT_EQ(p.tiles_per_split, want.tiles_per_split) << T;
   }
   // Where the main kernel holds two blocks (the H200), it runs.
-  EXPECT_FALSE(plan_fwd_splits(64, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 132, ws, 2, 0, 2, 2).paired_scores);
+  EXPECT_FALSE(plan_fwd_splits(64, 16, kOneGroup, KvFormat::kFp8DsMla, 2048, 132, ws, 2, 0, 2, 2).variant == FwdVariant::kPairedScores);
   // Through the launch plan (an RTX 5090's 170 SMs, sm_120): paired at T = 1024; the decode-once
   // kernel in a grid of one wave (decoded_fp8_plan), and before sm_89.
   auto plan = [](int64_t T, int sm_version) {
@@ -452,9 +452,9 @@ TEST(SplitPlan, PairedScoresVariantWhereItDoublesTheBlocksPerSm) {
     a.kv_cache_dtype = "fp8_ds_mla";
     return plan_sparse_mla_fwd(a, true, 170, &sm120_like_blocks_per_sm, sm_version).params;
   };
-  EXPECT_TRUE(plan(1024, 120).paired_scores && !plan(1024, 120).decoded_fp8);
-  EXPECT_TRUE(!plan(16, 120).paired_scores && plan(16, 120).decoded_fp8);
-  EXPECT_TRUE(!plan(1024, 86).paired_scores && plan(1024, 86).decoded_fp8);
+  EXPECT_EQ(plan(1024, 120).variant, FwdVariant::kPairedScores);
+  EXPECT_EQ(plan(16, 120).variant, FwdVariant::kDecodedFp8);
+  EXPECT_EQ(plan(1024, 86).variant, FwdVariant::kDecodedFp8);
 }
 
 // An SM of an sm_86-like GPU holding two 16-head fp8 blocks of raw tiles but one decode-once block.
@@ -470,7 +470,7 @@ TEST(SplitPlan, BeforeSm89TheDecodeOnceKernelIsPlannedAtItsOwnOccupancy) {
   for (const auto& [sm_version, blocks] : {std::pair{86, 1}, std::pair{120, 2}}) {
     const SparseMlaFwdParams p = plan_sparse_mla_fwd(a, true, 170, &raw_twice_decoded_once, sm_version).params;
     const SplitPlan want = plan_splits(32, 16, kOneGroup, KvFormat::kFp8E4m3, 2048, 170, ws, blocks);
-    EXPECT_EQ(p.decoded_fp8, sm_version == 86);
+    EXPECT_EQ(p.variant == FwdVariant::kDecodedFp8, sm_version == 86);
     EXPECT_EQ(p.num_splits, want.num_splits) << sm_version;
     EXPECT_EQ(p.tiles_per_split, want.tiles_per_split) << sm_version;
   }
@@ -496,7 +496,7 @@ TEST(SplitPlan, DecodedFp8KernelForGridsOfOneWave) {
     SparseMlaFwdArgs a = good_args(T, H);
     a.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 576}, 1);
     a.kv_cache_dtype = "fp8_e4m3";
-    return plan_sparse_mla_fwd(a, true, 132).params.decoded_fp8;
+    return plan_sparse_mla_fwd(a, true, 132).params.variant == FwdVariant::kDecodedFp8;
   };
   EXPECT_TRUE(e4m3(1, 16));
   EXPECT_TRUE(e4m3(16, 128));  // 4 head blocks x 16 tokens, 2 splits
@@ -505,14 +505,14 @@ TEST(SplitPlan, DecodedFp8KernelForGridsOfOneWave) {
     SparseMlaFwdArgs a = good_args(1024, 16);
     a.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 576}, 1);
     a.kv_cache_dtype = "fp8_e4m3";
-    EXPECT_TRUE(plan_sparse_mla_fwd(a, true, 84, nullptr, 86).params.decoded_fp8);  // an RTX 3090
-    EXPECT_FALSE(plan_sparse_mla_fwd(a, true, 170, nullptr, 120).params.decoded_fp8);  // an RTX 5090
+    EXPECT_TRUE(plan_sparse_mla_fwd(a, true, 84, nullptr, 86).params.variant == FwdVariant::kDecodedFp8);  // an RTX 3090
+    EXPECT_FALSE(plan_sparse_mla_fwd(a, true, 170, nullptr, 120).params.variant == FwdVariant::kDecodedFp8);  // an RTX 5090
   }
-  EXPECT_FALSE(plan_sparse_mla_fwd(good_args(1), true, 132).params.decoded_fp8);  // bf16
+  EXPECT_FALSE(plan_sparse_mla_fwd(good_args(1), true, 132).params.variant == FwdVariant::kDecodedFp8);  // bf16
   SparseMlaFwdArgs ds_mla = good_args(1, 16);
   ds_mla.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 656}, 1);
   ds_mla.kv_cache_dtype = "fp8_ds_mla";
-  EXPECT_TRUE(plan_sparse_mla_fwd(ds_mla, true, 132).params.decoded_fp8);
+  EXPECT_TRUE(plan_sparse_mla_fwd(ds_mla, true, 132).params.variant == FwdVariant::kDecodedFp8);
 }
 
 TEST(HeadGroups, SixteenHeadBlocksWhereAnSmHoldsTwo) {
@@ -606,16 +606,16 @@ TEST(HeadGroups, SplitsAndVariantsFollowThePlannedBlocks) {
   const SparseMlaFwdParams wave = plan_sparse_mla_fwd(fp8, true, 132, &h200_like_blocks_per_sm).params;
   EXPECT_EQ(wave.head_groups, kOneGroup);
   EXPECT_EQ(wave.num_splits, 1);
-  EXPECT_FALSE(wave.decoded_fp8);
+  EXPECT_FALSE(wave.variant == FwdVariant::kDecodedFp8);
   // Forced 16-head blocks take the variants of the 16-head configuration (sm_120's occupancies).
   SparseMlaFwdArgs bf16 = good_args(1024, 32);
   bf16.block_heads = 16;
-  EXPECT_TRUE(plan_sparse_mla_fwd(bf16, true, 132, &sm120_like_blocks_per_sm).params.one_stage);
+  EXPECT_TRUE(plan_sparse_mla_fwd(bf16, true, 132, &sm120_like_blocks_per_sm).params.variant == FwdVariant::kOneStage);
   SparseMlaFwdArgs ds_mla = good_args(1024, 32);
   ds_mla.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 656}, 1);
   ds_mla.kv_cache_dtype = "fp8_ds_mla";
   ds_mla.block_heads = 16;
-  EXPECT_TRUE(plan_sparse_mla_fwd(ds_mla, true, 132, &sm120_like_blocks_per_sm).params.paired_scores);
+  EXPECT_TRUE(plan_sparse_mla_fwd(ds_mla, true, 132, &sm120_like_blocks_per_sm).params.variant == FwdVariant::kPairedScores);
 }
 
 TEST(HeadGroups, BlockHeadsTakesSixteenOrThirtyTwo) {
