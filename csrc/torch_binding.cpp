@@ -72,6 +72,9 @@ auto checked(F&& f) {
   }
 }
 
+// Argument `name` described under its own name, as the checks' messages call it.
+#define DESCRIBE(name) (a.name = describe(name, #name))
+
 sparse_mla::SparseMlaFwdArgs fwd_args(const at::Tensor& q, const std::optional<at::Tensor>& q_pe,
                                       const at::Tensor& kv_cache, const at::Tensor& indices,
                                       const std::optional<at::Tensor>& topk_len,
@@ -80,15 +83,8 @@ sparse_mla::SparseMlaFwdArgs fwd_args(const at::Tensor& q, const std::optional<a
                                       double sm_scale, int64_t topk, const std::string& kv_cache_dtype,
                                       int64_t block_heads) {
   sparse_mla::SparseMlaFwdArgs a;
-  a.q = describe(q, "q");
-  a.q_pe = describe(q_pe, "q_pe");
-  a.kv_cache = describe(kv_cache, "kv_cache");
-  a.indices = describe(indices, "indices");
-  a.topk_len = describe(topk_len, "topk_len");
-  a.k_scale = describe(k_scale, "k_scale");
-  a.out = describe(out, "out");
-  a.lse = describe(lse, "lse");
-  a.workspace = describe(workspace, "workspace");
+  DESCRIBE(q), DESCRIBE(q_pe), DESCRIBE(kv_cache), DESCRIBE(indices), DESCRIBE(topk_len), DESCRIBE(k_scale);
+  DESCRIBE(out), DESCRIBE(lse), DESCRIBE(workspace);
   a.sm_scale = sm_scale;
   a.topk = topk;
   a.kv_cache_dtype = kv_cache_dtype;
@@ -96,38 +92,31 @@ sparse_mla::SparseMlaFwdArgs fwd_args(const at::Tensor& q, const std::optional<a
   return a;
 }
 
-void sparse_mla_fwd_cuda(const at::Tensor& q, const std::optional<at::Tensor>& q_pe,
-                         const at::Tensor& kv_cache, const at::Tensor& indices,
-                         const std::optional<at::Tensor>& topk_len,
-                         const std::optional<at::Tensor>& k_scale, const at::Tensor& out,
-                         const at::Tensor& lse, const std::optional<at::Tensor>& workspace,
-                         double sm_scale, int64_t topk, const std::string& kv_cache_dtype,
-                         int64_t block_heads) {
+// The forward op on CUDA (kLaunch) and its argument check alone, which the CPU path runs first:
+// one signature, the op schema's.
+template <bool kLaunch>
+void sparse_mla_fwd_op(const at::Tensor& q, const std::optional<at::Tensor>& q_pe, const at::Tensor& kv_cache,
+                       const at::Tensor& indices, const std::optional<at::Tensor>& topk_len,
+                       const std::optional<at::Tensor>& k_scale, const at::Tensor& out, const at::Tensor& lse,
+                       const std::optional<at::Tensor>& workspace, double sm_scale, int64_t topk,
+                       const std::string& kv_cache_dtype, int64_t block_heads) {
   const auto args = fwd_args(q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, workspace,
                              sm_scale, topk, kv_cache_dtype, block_heads);
-  TORCH_CHECK_VALUE(q.is_cuda(), "q must be a CUDA tensor");
-  const c10::cuda::CUDAGuard guard(q.device());
-  const cudaDeviceProp* props = at::cuda::getDeviceProperties(q.get_device());
-  const auto launch = checked([&] {
-    return sparse_mla::plan_sparse_mla_fwd(args, true, props->multiProcessorCount, &sparse_mla::fwd_blocks_per_sm,
-                                           10 * props->major + props->minor);
-  });
-  if (launch.empty) return;
-  const cudaError_t err = sparse_mla::dispatch_sparse_mla_fwd(
-      launch.params, launch.dtype, launch.format, at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "sparse_mla_fwd launch failed: ", cudaGetErrorString(err));
-}
-
-void check_sparse_mla_fwd(const at::Tensor& q, const std::optional<at::Tensor>& q_pe,
-                          const at::Tensor& kv_cache, const at::Tensor& indices,
-                          const std::optional<at::Tensor>& topk_len,
-                          const std::optional<at::Tensor>& k_scale, const at::Tensor& out,
-                          const at::Tensor& lse, const std::optional<at::Tensor>& workspace,
-                          double sm_scale, int64_t topk, const std::string& kv_cache_dtype,
-                          int64_t block_heads) {
-  const auto args = fwd_args(q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse, workspace,
-                             sm_scale, topk, kv_cache_dtype, block_heads);
-  checked([&] { return sparse_mla::plan_sparse_mla_fwd(args, false, 0); });
+  if constexpr (!kLaunch) {
+    checked([&] { return sparse_mla::plan_sparse_mla_fwd(args, false, 0); });
+  } else {
+    TORCH_CHECK_VALUE(q.is_cuda(), "q must be a CUDA tensor");
+    const c10::cuda::CUDAGuard guard(q.device());
+    const cudaDeviceProp* props = at::cuda::getDeviceProperties(q.get_device());
+    const auto launch = checked([&] {
+      return sparse_mla::plan_sparse_mla_fwd(args, true, props->multiProcessorCount, &sparse_mla::fwd_blocks_per_sm,
+                                             10 * props->major + props->minor);
+    });
+    if (launch.empty) return;
+    const cudaError_t err = sparse_mla::dispatch_sparse_mla_fwd(
+        launch.params, launch.dtype, launch.format, at::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(err == cudaSuccess, "sparse_mla_fwd launch failed: ", cudaGetErrorString(err));
+  }
 }
 
 sparse_mla::ConcatAndCacheArgs cache_args(const at::Tensor& kv_c, const std::optional<at::Tensor>& k_pe,
@@ -135,14 +124,11 @@ sparse_mla::ConcatAndCacheArgs cache_args(const at::Tensor& kv_c, const std::opt
                                           const std::optional<at::Tensor>& k_scale,
                                           const std::string& kv_cache_dtype) {
   sparse_mla::ConcatAndCacheArgs a;
-  a.kv_c = describe(kv_c, "kv_c");
-  a.k_pe = describe(k_pe, "k_pe");
-  a.kv_cache = describe(kv_cache, "kv_cache");
-  a.slot_mapping = describe(slot_mapping, "slot_mapping");
-  a.k_scale = describe(k_scale, "k_scale");
+  DESCRIBE(kv_c), DESCRIBE(k_pe), DESCRIBE(kv_cache), DESCRIBE(slot_mapping), DESCRIBE(k_scale);
   a.kv_cache_dtype = kv_cache_dtype;
   return a;
 }
+#undef DESCRIBE
 
 void concat_and_cache_cuda(const at::Tensor& kv_c, const std::optional<at::Tensor>& k_pe,
                            const at::Tensor& kv_cache, const at::Tensor& slot_mapping,
@@ -257,7 +243,7 @@ TORCH_LIBRARY(sparse_mla_bw, m) {
       "check_sparse_mla_fwd(Tensor q, Tensor? q_pe, Tensor kv_cache, Tensor indices, "
       "Tensor? topk_len, Tensor? k_scale, Tensor out, Tensor lse, Tensor? workspace, float sm_scale, "
       "int topk, str kv_cache_dtype, int block_heads=0) -> ()",
-      &check_sparse_mla_fwd);
+      &sparse_mla_fwd_op<false>);
   m.def(
       "concat_and_cache_sparse_mla(Tensor kv_c, Tensor? k_pe, Tensor(a!) kv_cache, "
       "Tensor slot_mapping, Tensor? k_scale, str kv_cache_dtype) -> ()");
@@ -276,6 +262,6 @@ TORCH_LIBRARY(sparse_mla_bw, m) {
 }
 
 TORCH_LIBRARY_IMPL(sparse_mla_bw, CUDA, m) {
-  m.impl("sparse_mla_fwd", &sparse_mla_fwd_cuda);
+  m.impl("sparse_mla_fwd", &sparse_mla_fwd_op<true>);
   m.impl("concat_and_cache_sparse_mla", &concat_and_cache_cuda);
 }

@@ -216,14 +216,19 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   const int64_t T = a.q.sizes[0], H = a.q.sizes[1];
   if (H < 1 || H > kMaxNumHeads) fail("q.shape[1] (num_heads) must be in 1..", kMaxNumHeads, ", got ", H);
   int64_t head_size = a.q.sizes[2];
+  // q_pe and out: [T, H, width] in q's dtype, rows of contiguous values.
+  const auto require_per_head = [&](const TensorDesc& t, const char* name, int64_t width, const char* width_name,
+                                    const char* shape) {
+    require_dim(t, name, 3, shape);
+    require_dtype(t, name, a.q.dtype);
+    require_size(t, name, 0, T, "num_tokens of q");
+    require_size(t, name, 1, H, "num_heads of q");
+    require_size(t, name, 2, width, width_name);
+    require_vector_rows(t, name);
+  };
   if (a.q_pe.defined) {
     require_size(a.q, "q", 2, kKvLoraRank, "kv_lora_rank when q_pe is given");
-    require_dim(a.q_pe, "q_pe", 3, "[num_tokens, num_heads, qk_rope_head_dim]");
-    require_dtype(a.q_pe, "q_pe", a.q.dtype);
-    require_size(a.q_pe, "q_pe", 0, T, "num_tokens of q");
-    require_size(a.q_pe, "q_pe", 1, H, "num_heads of q");
-    require_size(a.q_pe, "q_pe", 2, kQkRopeHeadDim, "qk_rope_head_dim");
-    require_vector_rows(a.q_pe, "q_pe");
+    require_per_head(a.q_pe, "q_pe", kQkRopeHeadDim, "qk_rope_head_dim", "[num_tokens, num_heads, qk_rope_head_dim]");
     head_size += kQkRopeHeadDim;
   } else if (head_size != kHeadSizeNoPE && head_size != kHeadSizeRoPE) {
     fail("q.shape[2] (head_size) must be 512 or 576, got ", head_size);
@@ -261,12 +266,7 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   }
 
   require_defined(a.out, "out");
-  require_dim(a.out, "out", 3, "[num_tokens, num_heads, 512]");
-  require_dtype(a.out, "out", a.q.dtype);
-  require_size(a.out, "out", 0, T, "num_tokens of q");
-  require_size(a.out, "out", 1, H, "num_heads of q");
-  require_size(a.out, "out", 2, kHeadSizeV, "kv_lora_rank");
-  require_vector_rows(a.out, "out");
+  require_per_head(a.out, "out", kHeadSizeV, "kv_lora_rank", "[num_tokens, num_heads, 512]");
   require_non_overlapping(a.out, "out");
   same_device(a.out, "out");
 
