@@ -66,6 +66,22 @@ def test_cpu_op_equals_reference(kv_cache_dtype, layout):
     assert result.max_rel_err < 4e-3 and result.max_lse_err < 1e-5
 
 
+@pytest.mark.parametrize("q_dtype, kv, scale, passes", [
+    ("bf16", "bf16", 1.003, True), ("bf16", "bf16", 1.0045, False),
+    ("fp16", "fp16", 1.0008, True), ("fp16", "fp16", 1.0015, False),  # fp16 out and MMAs: 1e-3
+    ("fp16", "bf16", 1.003, True),  # bf16 MMAs, whose P rounds to bf16: 4e-3
+])
+def test_compare_fails_an_output_off_by_more_than_its_bar(q_dtype, kv, scale, passes):
+    """verify's bar: per-row relative error against the fp32 reference, 4e-3, or 1e-3 where out
+    and the MMAs are fp16; an output scaled by ``scale`` (relative error scale - 1) passes or not."""
+    case = cases.Case(head_size=576, num_heads=4, topk=64, num_tokens=3, q_dtype=q_dtype, kv_cache_dtype=kv)
+    inp = cases.make_inputs(case, "cpu")
+    out, lse = reference.sparse_mla_reference(inp.q, inp.kv_rows, inp.indices, case.sm_scale, topk=case.topk,
+                                              topk_len=inp.topk_len, q_pe=inp.q_pe)
+    result = cases.compare(case, inp, (out * scale).to(inp.out.dtype), lse)
+    assert result.passed is passes, result
+
+
 def test_case_seeds_are_those_verified_before_row_spread_existed():
     """verify's inputs stay the ones its recorded H200 runs used (bench/results/*/verify.json)."""
     old_repr = ("Case(head_size=576, num_heads=16, topk=2048, num_tokens=7, q_dtype='bf16', kv_cache_dtype='bf16', "
@@ -274,8 +290,9 @@ def test_fwd_blocks_per_sm_names_the_bad_argument(args, message):
 
 
 def test_fwd_blocks_per_sm_names_an_unknown_variant():
-    with pytest.raises(ValueError, match="variant must be main, one_stage, decoded_fp8 or paired_scores, got 'two'"):
-        _testing.fwd_blocks_per_sm(torch.bfloat16, "fp8_ds_mla", 576, 16, 0, variant="two")
+    for variant in ("two", None, 3):
+        with pytest.raises(ValueError, match="variant must be one of main, one_stage, decoded_fp8, paired_scores"):
+            _testing.fwd_blocks_per_sm(torch.bfloat16, "fp8_ds_mla", 576, 16, 0, variant=variant)
 
 
 @pytest.mark.parametrize("block_heads, message", [
@@ -399,11 +416,12 @@ def test_bench_peers_that_cannot_run_or_disagree_are_noted_not_timed(monkeypatch
 
     ours = torch.randn(2, 16, 512)
     behaviour = {"FlashMLA-sparse": "raise", "FA3-sparse": "wrong"}
+    outputs = {"wrong": -ours, "scaled": 1.05 * ours, "agree": ours}
 
     def fake_call(peer, *args):
         if behaviour[peer] == "raise":
             raise ImportError("No module named 'vllm'")
-        return lambda i: -ours if behaviour[peer] == "wrong" else ours
+        return lambda i: outputs[behaviour[peer]]
 
     monkeypatch.setattr(bench, "_peer_call", fake_call)
     monkeypatch.setattr(bench, "_median_ms", lambda call, reps, sets: 0.5)
@@ -412,6 +430,10 @@ def test_bench_peers_that_cannot_run_or_disagree_are_noted_not_timed(monkeypatch
     assert bench._time_peers("bf16", q, None, [None], 0.1, ours, 1.0, notes) == {}
     assert "No module named 'vllm'" in notes["FlashMLA-sparse (bf16, D=576, H=16)"]
     assert "differs from this kernel's" in notes["FA3-sparse (bf16, D=576, H=16)"]
+    behaviour["FA3-sparse"] = "scaled"  # the same direction, 5 % too large: not the same result
+    notes = {}
+    assert bench._time_peers("bf16", q, None, [None], 0.1, ours, 1.0, notes) == {}
+    assert "relative error 5.00e-02" in notes["FA3-sparse (bf16, D=576, H=16)"]
     behaviour["FA3-sparse"] = "agree"
     assert bench._time_peers("bf16", q, None, [None], 0.1, ours, 1.0, {}) == {"FA3-sparse": 500.0}
     assert bench._time_peers("fp8_e4m3", q, None, [None], 0.1, ours, 1.0, {}) == {}  # no vLLM kernel reads it

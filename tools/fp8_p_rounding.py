@@ -1,24 +1,21 @@
 #!/usr/bin/env python3
-"""Host emulation of how the kernel's rounding of P bounds the accuracy of the fp8 formats (CPU only).
+"""Host emulation of how rounding P for the P V MMAs bounds the accuracy of the fp8 formats (CPU only).
 
-The kernel rounds P for the P V MMAs (kernel_traits.h precision plan). fp8_e4m3 rounds p itself
-to fp16, so a row's largest p (1) is exact; fp8_ds_mla folds each key's scale of the warp's 128
-columns, divided by the tile's power-of-two norm, into P, so every P, the dominant ones included,
-carries the rounding error, and since v15 the kernel carries that P as fp16 hi + lo (two MMAs
-per P V step, as the bf16 cache does in bf16). This script emulates that arithmetic in float64
-(S, a softmax against each row's global max rather than the kernel's running max, and the
-norms; only P rounded, per 32-key tile and column tile as the kernel does, but not the fp32
-roundings of exp2 and of p * scale, so its hi + lo figure is close to exact by construction) on
-a verify case and prints the per-row minimum cosine against the fp32 reference rounded to out's
-dtype, verify's metric, with P exact, in one fp16 part, and as fp16 hi + lo:
+fp8_e4m3 rounds p itself to fp16, so a row's largest p (1) is exact; fp8_ds_mla folds each key's
+scale of the warp's 128 columns, divided by the tile's power-of-two norm, into P, so every P, the
+dominant ones included, carries the rounding error. The kernel rounds P once (docs/design.md
+"Precision"); from v15 to v23 it carried fp8_ds_mla's P as fp16 hi + lo, which a former verify
+bar (cosine against the reference rounded to out's dtype) needed. This script emulates that
+arithmetic in float64 (S, a softmax against each row's global max rather than the kernel's
+running max, and the norms; only P rounded, per 32-key tile and column tile as the kernel does,
+but not the fp32 roundings of exp2 and of p * scale) on a verify case and prints verify's metrics
+(worst per-row relative error and cosine against the fp32 reference) with P exact, in one fp16
+part, and as fp16 hi + lo, so that a P format (an e4m3 P, say) can be judged before it is built:
 
     python tools/fp8_p_rounding.py [--num-heads 32] [--topk 128] [--num-tokens 272]
 
-On the default case (DeepSeek-V3.2's D = 576, 32 heads, topk 128, 272 tokens: few keys dominate
-each row, and thousands of rows) it printed fp8_ds_mla 0.9999997 / 0.9999979 / 0.9999997 and
-fp8_e4m3 0.9999995 / 0.9999988 / 0.9999995 (exact / fp16 / hi + lo). The H200 measured
-0.9999979 for fp8_ds_mla with one fp16 part (bench/HISTORY.md v14), so the kernel added nothing
-beyond this rounding; with hi + lo the format passes every bar at small topk (v15).
+The default case is DeepSeek-V3.2's D = 576, 32 heads, topk 128, 272 tokens: few keys dominate
+each row, and thousands of rows.
 """
 
 from __future__ import annotations
@@ -82,11 +79,12 @@ def main() -> None:
         inputs = cases.make_inputs(case, "cpu")
         ref, _ = reference.sparse_mla_reference(inputs.q, inputs.kv_rows, inputs.indices, case.sm_scale,
                                                 topk=case.topk)
-        ref_rounded = ref.to(inputs.q.dtype).double()
-        cos = [torch.nn.functional.cosine_similarity(emulated_out(case, inputs, mode).double(), ref_rounded,
-                                                     dim=-1).min().item() for mode in P_MODES]
-        print(f"{case.label()}: min cosine vs rounded reference, P " +
-              ", ".join(f"{mode} {c:.7f}" for mode, c in zip(P_MODES, cos)))
+        ref = ref.double()
+        outs = [emulated_out(case, inputs, mode).double() for mode in P_MODES]
+        rel = [((o - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item() for o in outs]
+        cos = [torch.nn.functional.cosine_similarity(o, ref, dim=-1).min().item() for o in outs]
+        print(f"{case.label()}: worst row vs the fp32 reference, P " +
+              ", ".join(f"{mode}: rel {r:.2e} cos {c:.7f}" for mode, r, c in zip(P_MODES, rel, cos)))
 
 
 if __name__ == "__main__":

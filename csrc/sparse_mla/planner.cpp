@@ -153,7 +153,7 @@ FwdPlan plan_fwd(DType dtype, KvFormat format, int head_size, int num_tokens, in
                               ? block_heads / 16
                               : plan_head_groups(num_tokens, num_heads, format, topk, num_sms, workspace_bytes,
                                                  main_blocks[0], main_blocks[1]);
-  const int decoded_fp8_blocks = occupancy(head_groups, FwdVariant::kDecodedFp8);
+  const int decoded_fp8_blocks = is_fp8(format) ? occupancy(head_groups, FwdVariant::kDecodedFp8) : 0;
   // Before sm_89 every fp8 launch decodes once (decoded_fp8_plan): planned at that occupancy, and
   // the paired-scores variant of raw tiles never runs.
   const bool software_fp8 = software_fp8_convert(sm_version);

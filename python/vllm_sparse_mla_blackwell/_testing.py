@@ -44,5 +44,7 @@ def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, n
     configuration has none. The planner plans with these counts (docs/kernel.md); with
     ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the process's environment, those of an sm_120 SM. Raises
     ``ValueError`` for any other value, ``RuntimeError`` without the op library."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
     return int(ops._ops().fwd_blocks_per_sm(dtype, kv_cache_dtype, head_size, num_heads, ops._cuda_device(device),
                                             variant))

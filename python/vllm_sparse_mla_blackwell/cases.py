@@ -208,10 +208,20 @@ class CaseResult:
 
 # verify's bars for every kv cache dtype (fp8 against the dequantised cache), per output row
 # against the fp32 reference itself. out's own rounding is part of the error: bf16's unit
-# roundoff 2^-8 alone gives per-row relative errors up to ~3.9e-3 on this matrix.
+# roundoff 2^-8 alone gives per-row relative errors up to ~3.9e-3 on this matrix. Where out and
+# the MMAs are fp16 (fp16 q with any cache but bf16) the error is ~10x smaller (<= 3.7e-4 on the
+# H200), and a bar of its size keeps a regression there visible. The cosine bar follows from
+# the relative one (cosine >= sqrt(1 - rel^2)); it is checked and reported all the same.
 MAX_REL_ERR = 4e-3
+MAX_REL_ERR_FP16 = 1e-3
 MIN_COSINE = 0.99999
 MAX_LSE_ERR = 1e-3
+
+
+def max_rel_err(case: Case) -> float:
+    """The relative-error bar of ``case``: MAX_REL_ERR_FP16 where out and the MMAs are fp16,
+    else MAX_REL_ERR."""
+    return MAX_REL_ERR_FP16 if case.q_dtype == "fp16" and case.kv_cache_dtype != "bf16" else MAX_REL_ERR
 
 
 def _row_metrics(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
@@ -226,7 +236,7 @@ def compare(case: Case, inputs: CaseInputs, out: torch.Tensor, lse: torch.Tensor
 
     Per live output row: relative error ``|out - ref| / |ref|`` and cosine against the fp32
     reference; per live (token, head): absolute lse error. Rows with no valid slot must be exactly
-    ``out = 0``, ``lse = -inf``. The bars are MAX_REL_ERR, MIN_COSINE and MAX_LSE_ERR.
+    ``out = 0``, ``lse = -inf``. The bars are ``max_rel_err(case)``, MIN_COSINE and MAX_LSE_ERR.
 
     Shapes: ``out [T, H, 512]`` in q's dtype, ``lse [T, H]`` fp32, both from the op (any device).
     """
@@ -246,6 +256,6 @@ def compare(case: Case, inputs: CaseInputs, out: torch.Tensor, lse: torch.Tensor
         lse_err = float((lse[live] - ref_lse[live]).abs().max())
     if not all_written:
         rel = cos = float("nan")
-    passed = (all_written and masked_exact and rel <= MAX_REL_ERR and cos >= MIN_COSINE
+    passed = (all_written and masked_exact and rel <= max_rel_err(case) and cos >= MIN_COSINE
               and lse_err <= MAX_LSE_ERR)
     return CaseResult(case, rel, cos, lse_err, masked_exact, all_written, passed)

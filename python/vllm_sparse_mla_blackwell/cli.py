@@ -1,4 +1,4 @@
-"""Command line: ``python -m vllm_sparse_mla_blackwell {verify,bench,e2e}``."""
+"""Command line: ``python -m vllm_sparse_mla_blackwell {verify,bench,e2e,serve}``."""
 
 from __future__ import annotations
 
@@ -42,6 +42,16 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--work-dir", metavar="DIR", help="model configs and per-run results (default: a new temp dir)")
     e.add_argument("--time-budget", type=float, default=3600, metavar="SECONDS",
                    help="start no run that would end after this many seconds (default 3600); skipped runs fail")
+    s = sub.add_parser("serve", help="write tiny DeepSeek-V3.2 and GLM-5.3-Flash checkpoints, serve them with `vllm serve` "
+                       "through this backend, send token-id completions one by one and concurrently, compare with "
+                       "vLLM in-process, check the backend in every worker and a clean shutdown (needs vLLM and a GPU)")
+    s.add_argument("--models", type=_names, action="extend", metavar="NAME,...",
+                   help="deepseek-v3.2, glm-5.3-flash, deepseek-v3.2-fp16 (default: the first two)")
+    s.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N", help="GPUs per server (default 1)")
+    s.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    s.add_argument("--work-dir", metavar="DIR", help="checkpoints, server logs and answers (default: a new temp dir)")
+    s.add_argument("--timeout", type=float, default=1200, metavar="SECONDS",
+                   help="time limit of the whole check (default 1200); each server's shutdown may take 60 s more")
     args = parser.parse_args(argv)
     if sys.stdout.isatty() or "COLUMNS" in os.environ:
         return _run(args)
@@ -59,6 +69,11 @@ def _run(args: argparse.Namespace) -> int:
         return e2e.main(models=_unique(args.models), kv_dtypes=_unique(args.kv), modes=_unique(args.modes),
                         quick=args.quick, json_path=args.json, work_dir=args.work_dir,
                         time_budget_s=args.time_budget)
+    if args.command == "serve":
+        from vllm_sparse_mla_blackwell import serve_check
+
+        return serve_check.main(models=_unique(args.models), tp=args.tensor_parallel_size, json_path=args.json,
+                                work_dir=args.work_dir, timeout_s=args.timeout)
     if args.command == "verify":
         from vllm_sparse_mla_blackwell import verify
 

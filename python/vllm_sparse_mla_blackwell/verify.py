@@ -208,7 +208,8 @@ def main(quick: bool = False, json_path: str | None = None, fp8: bool = True) ->
         console.print(f"[bold red]{props.name}: {reason}[/]")
         return EXIT_FAILED
     console.print(f"verify on {props.name} (sm_{props.major}{props.minor}, {props.multi_processor_count} SMs), "
-                  f"library built for {','.join(ops.compiled_targets())}, torch {torch.__version__}\nbars: per-row rel err <= {cases.MAX_REL_ERR} against the fp32 reference; "
+                  f"library built for {','.join(ops.compiled_targets())}, torch {torch.__version__}\nbars: per-row rel err <= {cases.MAX_REL_ERR} against the fp32 reference "
+                  f"({cases.MAX_REL_ERR_FP16} where out and the MMAs are fp16); "
                   f"per-row cosine >= {cases.MIN_COSINE} against the same; "
                   f"lse err <= {cases.MAX_LSE_ERR}; masked rows exact")
     kv_dtypes = KV_16BIT + (KV_FP8 if fp8 else ())
