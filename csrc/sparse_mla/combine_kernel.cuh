@@ -16,13 +16,10 @@ namespace sparse_mla {
 // (G = kSplitGroups), and the G partial sums meet in shared memory. Every warp reduces the split
 // lse values itself, each lane holding its share in registers, so the first round of partial
 // loads is issued before that reduction and nothing waits on a barrier until the end.
-// G = 4 when the (token, head) rows leave SMs idle (decode), with each row's 128 float4 columns
-// spread over kColumnSlices blocks so that more SMs share its loads (one block per row was bound
-// by what one SM loads: T = 1 took the same ~3.7 us at 8 and 128 heads; four blocks, 1.07-1.10x
-// at T = 1 and 4 with <= 32 heads, eight no more; bench/HISTORY.md v12); G = 1, one block per row,
-// small blocks with few registers, when the rows alone fill the GPU (T = 64, H = 16: 1024 rows,
-// where one 512-thread block per SM ran 1.4x slower). The planner picks G (planner.cpp
-// combine_split_groups).
+// G = 4 when the (token, head) rows leave SMs idle (decode), each row spread over kColumnSlices
+// blocks so that more SMs share its loads (one block per row is bound by what one SM loads);
+// G = 1, one small block per row, when the rows alone fill the GPU. The planner picks G
+// (planner.cpp combine_split_groups; measurements in bench/HISTORY.md v12).
 constexpr int kFloat4PerRow = kHeadSizeV / 4;
 
 template <int kSplitGroups, int kDecodeLoads = kCombineDecodeLoads>
@@ -57,10 +54,8 @@ __global__ void __launch_bounds__(CombineConfig<kSplitGroups, kDecodeLoads>::kTh
   const int col = slice * Config::kColumnThreads + slice_col;  // float4 column of the row
   const int group = tid / Config::kColumnThreads;
   // The row's splits are adjacent (params.h), so each load below is one base and an immediate
-  // offset. A decode combine runs one warp per scheduler, where each instruction after the wait
-  // is latency: with a [split, T, H] layout (64-bit index arithmetic per split) and lse loops over
-  // the split count, ~1,020 SASS instructions stood between the wait and the row's lse, ~280
-  // now, and T = 1 ran 1.11-1.24x faster (bench/HISTORY.md v20).
+  // offset: a decode combine runs one warp per scheduler, where every instruction after the wait
+  // is latency (bench/HISTORY.md v20).
   const float* lse_of = p.partial_lse + static_cast<int64_t>(row) * num_splits;  // [split]
   const float4* out_of = reinterpret_cast<const float4*>(p.partial_out) +
                          static_cast<int64_t>(row) * num_splits * kFloat4PerRow + col;  // [split][128]

@@ -25,7 +25,7 @@ constexpr int sm120_blocks_by_smem(int smem_bytes) {
   return kSm120SmemPerSm / (smem_bytes + kSmemReservedPerBlock);
 }
 
-// vLLM's `fp8_ds_mla` record (csrc/cache_kernels.cu `concat_and_cache_ds_mla`,
+// vLLM's `fp8_ds_mla` record (`concat_and_cache_ds_mla` in vLLM's csrc/cache_kernels.cu,
 // vllm/v1/attention/backends/mla/flashmla_sparse.py): 512 e4m3 latent values, four fp32 scales
 // (one per 128 values), 64 bf16 rope values. NoPE writes the rope bytes as zeros.
 constexpr int kDsMlaRecordBytes = 656;

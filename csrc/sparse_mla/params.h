@@ -53,7 +53,7 @@ struct SparseMlaFwdParams {
   float* partial_out;      // [T, H, num_splits, 512] fp32, normalised by the split's sum
   float* partial_lse;      // [T, H, num_splits] fp32, natural log; -inf for an empty split
   // Threads of a combine block that split the splits between them: kCombineDecodeSplitGroups
-  // or 1 (plan_sparse_mla_fwd; combine_kernel.cuh). Read by the launch, not by the kernels.
+  // or 1 (planner.cpp combine_split_groups; combine_kernel.cuh). Read by the launch, not by the kernels.
   int combine_split_groups;
   // The kernel variant the planner chose (planner.h plan_fwd). Read by the launch only.
   FwdVariant variant;
@@ -68,8 +68,7 @@ constexpr int kCombineDecodeSplitGroups = 4;
 // kCombineDecodeSplitGroups x kCombineDecodeLoads splits; plans of up to kCombineDecodeOneRound
 // splits beyond that run a variant of kCombineDecodeMoreLoads, whose one round covers GLM's
 // 2176-row top-k in one-tile splits (68); more splits than that take rounds of the 16-load kernel.
-// Each load in flight costs where it is not needed: with <= 64 splits, 20 loads ran 0.954-0.976x
-// on the H200 wherever the decode combine runs, 17 loads down to 0.976x (bench/HISTORY.md v19).
+// Loads in flight beyond need cost time, so 16 is the default (bench/HISTORY.md v19).
 constexpr int kCombineDecodeLoads = 16;
 constexpr int kCombineDecodeMoreLoads = 17;
 constexpr int kCombineDecodeOneRound = kCombineDecodeSplitGroups * kCombineDecodeMoreLoads;

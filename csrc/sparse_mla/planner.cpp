@@ -21,7 +21,7 @@ int64_t unsplit_blocks(int num_tokens, int num_heads, int head_groups) {
 }
 
 // Whether a launch's (token, head) rows are at most one per SM: the decode combine's layout
-// (combine_split_groups), whose one round covers up to 64 splits.
+// (combine_split_groups), whose one round covers up to 68 splits (params.h kCombineDecodeOneRound).
 bool rows_fit_one_per_sm(int num_tokens, int num_heads, int num_sms) {
   return num_sms > 0 && static_cast<int64_t>(num_tokens) * num_heads <= num_sms;
 }

@@ -123,9 +123,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   // Gather role: thread (row, sub) moves chunks sub, sub + kGatherTpr, ... of rows row,
   // row + kGatherRowStride, ... (kGatherRows of them) of each tile. With cp.async, 8 threads
   // share a row, so that one warp instruction copies whole 128-byte lines of 4 rows instead of
-  // half lines of 8: the same bytes in half as many L2 line requests (gather-bound 16-head
-  // blocks, 4 threads per row, were limited by L2 throughput at 90 % while reaching 67 % of
-  // DRAM bandwidth; ncu, H200). The fp8 register path keeps kThreadsPerRow threads per row.
+  // half lines of 8: half as many L2 line requests, which bound the gather (bench/HISTORY.md).
+  // The fp8 register path keeps kThreadsPerRow threads per row.
   constexpr int kGatherTpr = Traits::kDirectCopy ? kLineChunks : kTpr;
   constexpr int kGatherRowStride = Traits::kNumThreads / kGatherTpr;
   constexpr int kGatherRows = kBlockN / kGatherRowStride;
@@ -177,9 +176,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       }
     }
   };
-  // ... from next_row, which then takes the rows of tile + 1. The gathers go first: with the
-  // next tile's index loads ahead of them, GLM's 16-head fp8_e4m3 kernel ran 0.87-0.93x
-  // (bench/HISTORY.md v10).
+  // ... from next_row, which then takes the rows of tile + 1. The gathers go first, the next
+  // tile's index loads after them (the other order was slower: bench/HISTORY.md v10).
   auto issue_tile = [&](int tile, int stage) {
     issue_rows(next_row, tile, stage);
     load_rows(tile + 1, next_row);
@@ -562,7 +560,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Lets the combine pass (a programmatic dependent, see launch_template.cuh) be scheduled as
   // the blocks of this grid reach their epilogue; it still waits for this grid's completion.
-  // (Triggered at the start, it slowed 128-block T = 1 launches by 2-4 us; see bench/HISTORY.md.)
+  // (Triggered at the start it slowed short launches: bench/HISTORY.md v10.)
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 
@@ -593,10 +591,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     // This thread's runs of kRun consecutive columns of its row, one vector store each: run n's
     // first column, and its column k. Raw fp8 tiles (phase 3): acc_o[2 n + odd][2 half + e] is
     // column 16 n + 4 (lane % 4) + 2 e + odd of the warp's 128, so a run is four columns (k = 2 e
-    // + odd) and one store covers 64 contiguous bytes of partial results per row, where the two
-    // half-width stores it replaces each left every other 8 bytes unwritten (fp8 split launches
-    // ran up to 1.18x faster, bench/HISTORY.md v23); otherwise acc_o[n][2 half + k] is column
-    // 8 n + 2 (lane % 4) + k.
+    // + odd) and one store covers 64 contiguous bytes of a row (two half-width stores would each
+    // leave every other 8 bytes unwritten; bench/HISTORY.md v23); otherwise acc_o[n][2 half + k]
+    // is column 8 n + 2 (lane % 4) + k.
     constexpr int kRun = Traits::kRawFp8 ? 4 : 2;
     auto col = [&](int n) {
       return wq * Traits::kDvPerWarp + (Traits::kRawFp8 ? n * 16 + (lane % 4) * 4 : n * 8 + (lane % 4) * 2);

@@ -325,6 +325,10 @@ def _step_logits(flat, vocab: int):
 
 
 def _one_run(run: Run, model: Model, model_dir: Path, out_dir: Path, quick: bool) -> dict:
+    """One run in this worker: start vLLM on ``model_dir`` with ``run``'s backend, cache dtype and
+    mode, generate greedily with full-vocabulary logprobs, time a batch, read vLLM's KV capacity,
+    check that every MLA layer ran the intended implementation (and the exact path where asked),
+    and save the logits to ``out_dir``. Returns the run's record (``ok``, timings, capacity)."""
     import gc
 
     import torch

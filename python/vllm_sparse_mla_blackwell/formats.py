@@ -23,7 +23,7 @@ MAX_NUM_HEADS = 128
 SMEM_BUDGET_BYTES = 101_376
 
 # vLLM's ``fp8_ds_mla`` record (vllm/v1/attention/backends/mla/flashmla_sparse.py and
-# csrc/cache_kernels.cu ``concat_and_cache_ds_mla``): 512 e4m3 latent values, four fp32 scales
+# vLLM's csrc/cache_kernels.cu ``concat_and_cache_ds_mla``): 512 e4m3 latent values, four fp32 scales
 # (one per 128 values), 64 bf16 rope values.
 FP8_DS_MLA_RECORD_BYTES = 656
 FP8_DS_MLA_SCALE_OFFSET = 512
