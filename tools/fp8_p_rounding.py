@@ -10,7 +10,8 @@ arithmetic in float64 (S, a softmax against each row's global max rather than th
 running max, and the norms; only P rounded, per 32-key tile and column tile as the kernel does,
 but not the fp32 roundings of exp2 and of p * scale) on a verify case and prints verify's metrics
 (worst per-row relative error and cosine against the fp32 reference) with P exact, in one fp16
-part, and as fp16 hi + lo, so that a P format (an e4m3 P, say) can be judged before it is built:
+part, as fp16 hi + lo, and the same in e4m3 (optionally with q in e4m3), so that an e4m3 MMA
+path can be judged before it is built:
 
     python tools/fp8_p_rounding.py [--num-heads 32] [--topk 128] [--num-tokens 272]
 
@@ -29,14 +30,28 @@ from vllm_sparse_mla_blackwell import cases, formats, reference
 BLOCK_N = 32  # keys per tile (kernel_traits.h kBlockN): fp8_ds_mla's norms are per tile
 
 
-P_MODES = ("exact", "fp16", "fp16 hi + lo")
+P_MODES = ("exact", "fp16", "fp16 hi + lo", "e4m3", "e4m3 hi + lo")
+# An e4m3 P is scaled by this before rounding (its values are below 2 here), so that it keeps
+# clear of e4m3's subnormals (2^-6) and its largest finite value (448); the accumulator takes the
+# inverse in fp32.
+E4M3_P_SCALE = 128.0
 
 
-def emulated_out(case: cases.Case, inputs: cases.CaseInputs, p_mode: str) -> torch.Tensor:
-    """out [T, H, 512] in q's dtype as the kernel computes it, P exact, rounded to fp16, or
-    carried as fp16 hi + lo (P_MODES)."""
+def _e4m3(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return (x * scale).float().to(torch.float8_e4m3fn).double() / scale
+
+
+def emulated_out(case: cases.Case, inputs: cases.CaseInputs, p_mode: str, q_e4m3: str = "") -> torch.Tensor:
+    """out [T, H, 512] in q's dtype as the kernel computes it, P exact, rounded to fp16 or e4m3,
+    or carried as a hi + lo pair of either (P_MODES); with ``q_e4m3`` "one" or "hi + lo", q in
+    e4m3 with a scale per (token, head) (amax / 448), as an e4m3 MMA for S would take it, in one
+    part or two (the residual scaled by 16 more)."""
     idx = inputs.indices[:, : case.topk].long()
     q = inputs.q.double()
+    if q_e4m3:
+        q_scale = q.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 448.0
+        hi = _e4m3(q / q_scale, 1.0) * q_scale
+        q = hi if q_e4m3 == "one" else hi + _e4m3((q - hi) / q_scale, 16.0) * q_scale
     kv = inputs.kv_rows.double()[idx]  # [T, topk, D] dequantised
     s = torch.einsum("thd,tkd->thk", q, kv) * case.sm_scale
     p = torch.exp(s - s.amax(-1, keepdim=True))
@@ -45,6 +60,9 @@ def emulated_out(case: cases.Case, inputs: cases.CaseInputs, p_mode: str) -> tor
     def rounded(x: torch.Tensor) -> torch.Tensor:
         if p_mode == "exact":
             return x
+        if p_mode.startswith("e4m3"):
+            hi = _e4m3(x, E4M3_P_SCALE)
+            return hi if p_mode == "e4m3" else hi + _e4m3(x - hi, 16 * E4M3_P_SCALE)
         hi = x.float().half().double()
         return hi if p_mode == "fp16" else hi + (x - hi).float().half().double()
 
@@ -72,6 +90,8 @@ def main() -> None:
     ap.add_argument("--num-heads", type=int, default=32)
     ap.add_argument("--topk", type=int, default=128)
     ap.add_argument("--num-tokens", type=int, default=272)
+    ap.add_argument("--q-e4m3", choices=("one", "hi + lo"), default="",
+                    help="q in e4m3 too (a scale per token and head), in one part or two")
     args = ap.parse_args()
     for kv_cache_dtype in ("fp8_ds_mla", "fp8_e4m3"):
         case = cases.Case(head_size=576, num_heads=args.num_heads, topk=args.topk, num_tokens=args.num_tokens,
@@ -80,11 +100,12 @@ def main() -> None:
         ref, _ = reference.sparse_mla_reference(inputs.q, inputs.kv_rows, inputs.indices, case.sm_scale,
                                                 topk=case.topk)
         ref = ref.double()
-        outs = [emulated_out(case, inputs, mode).double() for mode in P_MODES]
+        outs = [emulated_out(case, inputs, mode, args.q_e4m3).double() for mode in P_MODES]
         rel = [((o - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item() for o in outs]
         cos = [torch.nn.functional.cosine_similarity(o, ref, dim=-1).min().item() for o in outs]
-        print(f"{case.label()}: worst row vs the fp32 reference, P " +
-              ", ".join(f"{mode}: rel {r:.2e} cos {c:.7f}" for mode, r, c in zip(P_MODES, rel, cos)))
+        print(f"{case.label()}{f' (q in e4m3, {args.q_e4m3})' if args.q_e4m3 else ''}: worst row vs the fp32 reference, P")
+        for mode, r, c in zip(P_MODES, rel, cos):
+            print(f"  {mode:14} rel {r:.2e}  cos {c:.7f}")
 
 
 if __name__ == "__main__":
