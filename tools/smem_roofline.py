@@ -65,6 +65,10 @@ def tile_bytes_per_mma(tiling: str, heads: int, head_size: int, cache_bytes: int
     mmas = s_mmas + pv_mmas
     out = {k: v / mmas for k, v in parts.items()}
     out["total"] = sum(parts.values()) / mmas
+    # What it occupies: two stages of rows padded by 16 B (and a valid flag each), fp32 partial
+    # scores of pitch 36, the P buffers of pitch 40, the softmax statistics.
+    out["smem bytes (two stages)"] = (2 * ROWS * (copy_row_bytes + 16 + 4) + heads * 36 * 4 * d_splits
+                                      + groups * 16 * 40 * 2 + 2 * heads * 4)
     return out
 
 
@@ -73,18 +77,22 @@ def main() -> None:
         ("current", 16, "bf16 / fp16", 2, 2 * 576), ("current", 32, "bf16 / fp16", 2, 2 * 576),
         ("current", 32, "fp8_e4m3 raw", 1, 576), ("current", 32, "fp8_ds_mla raw", 1, 656),
         ("wide-m", 32, "bf16 / fp16", 2, 2 * 576), ("wide-m", 64, "bf16 / fp16", 2, 2 * 576),
+        ("wide-m", 32, "fp8_e4m3 raw", 1, 576), ("wide-m", 32, "fp8_ds_mla raw", 1, 656),
     ]
-    print("D = 576. B/MMA: shared-memory bytes per m16n8k16 MMA; bound: the fraction of the mma.sync peak")
-    print("that 128 B/clock allows (1.00 = not shared-memory bound).\n")
-    print(f"{'tiling':8} {'heads':>5} {'cache':15} {'B/MMA':>6}  " + "  ".join(g.name.split(' (')[0] for g in GPUS))
+    print("D = 576. B/MMA: shared-memory bytes per m16n8k16 MMA; per GPU: the fraction of the mma.sync")
+    print("peak that 128 B/clock allows (1.00 = not shared-memory bound); KB: the block's shared memory")
+    print("with two stages (the ceiling is 101,376 B = 99.0 KB).\n")
+    names = [g.name.split(" (")[0] for g in GPUS]
+    print(f"{'tiling':8} {'heads':>5} {'cache':15} {'B/MMA':>6} {'KB':>6}  " + "  ".join(names))
     for tiling, heads, cache, cache_bytes, row_bytes in configs:
         b = tile_bytes_per_mma(tiling, heads, 576, cache_bytes, row_bytes)
         bounds = [min(1.0, SMEM_BYTES_PER_CLOCK / b["total"] / g.mmas_per_clock) for g in GPUS]
-        print(f"{tiling:8} {heads:5d} {cache:15} {b['total']:6.0f}  " + "  ".join(f"{x:>{len(g.name.split(' (')[0])}.2f}"
-                                                                          for x, g in zip(bounds, GPUS)))
-    print("\nper kind, current tiling, 32 heads, bf16:")
+        print(f"{tiling:8} {heads:5d} {cache:15} {b['total']:6.0f} {b['smem bytes (two stages)'] / 1024:6.1f}  "
+              + "  ".join(f"{x:>{len(n)}.2f}" for x, n in zip(bounds, names)))
+    print("\nper kind, current tiling, 32 heads, bf16 (B/MMA):")
     for k, v in tile_bytes_per_mma("current", 32, 576, 2, 2 * 576).items():
-        print(f"  {k:32} {v:6.0f}")
+        if not k.startswith("smem"):
+            print(f"  {k:32} {v:6.0f}")
     print("\nmma.sync rate per SM and clock: " + ", ".join(f"{g.name}: {g.mmas_per_clock:.3f}" for g in GPUS))
 
 
