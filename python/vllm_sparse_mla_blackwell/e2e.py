@@ -674,33 +674,52 @@ def _run_workers(runs: list[Run], model_dirs: dict[str, str], out_dir: Path, qui
     return records
 
 
+def positive_seconds(flag: str, value: float) -> list[str]:
+    """The argument problem of a time limit that is not a positive finite number, if any."""
+    return [] if math.isfinite(value) and value > 0 else [f"{flag} must be a positive number of seconds, got {value}"]
+
+
+def preflight(command: str, models: tuple[str, ...] | None, problems: list[str],
+              gpus: int = 1) -> tuple[tuple[str, ...], int | None]:
+    """The common start of ``e2e`` and ``serve``: the model names (lower case; default the first
+    two of MODELS) and the exit status to stop with, if any: 2 for unknown models or the caller's
+    argument ``problems`` (printed), 3 without vLLM or with fewer than ``gpus`` CUDA GPUs."""
+    names = tuple(n.lower() for n in models) if models else ("deepseek-v3.2", "glm-5.3-flash")
+    unknown = [n for n in names if n not in MODELS]
+    problems = ([f"unknown models {unknown} (known: {list(MODELS)})"] if unknown else []) + problems
+    if problems:
+        print(f"{command}: " + "; ".join(problems), file=sys.stderr)
+        return names, 2
+    import torch
+
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:
+        print(f"{command} needs vLLM installed ({exc})", file=sys.stderr)
+        return names, 3
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible < gpus:
+        print(f"{command} needs {gpus} CUDA GPU(s); {visible} visible", file=sys.stderr)
+        return names, 3
+    return names, None
+
+
 def main(models: tuple[str, ...] | None = None, kv_dtypes: tuple[str, ...] | None = None,
          modes: tuple[str, ...] | None = None, quick: bool = False, json_path: str | None = None,
          work_dir: str | None = None, time_budget_s: float = 3600) -> int:
     """Exit 0 when every run of this backend is selected, runs, and stays within the bar; 1 when one
     does not; 2 for bad arguments; 3 when there is no GPU or no vLLM."""
-    names = tuple(n.lower() for n in models) if models else ("deepseek-v3.2", "glm-5.3-flash")
-    unknown = [n for n in names if n not in MODELS]
     bad_kv = [k for k in (kv_dtypes or ()) if k not in KV_CACHE_DTYPES]
     bad_modes = [m for m in (modes or ()) if m not in MODES]
-    problems = ([f"unknown models {unknown} (known: {list(MODELS)})"] if unknown else []) + \
-        ([f"unknown kv cache dtypes {bad_kv} (known: {list(KV_CACHE_DTYPES)})"] if bad_kv else []) + \
-        ([f"unknown modes {bad_modes} (known: {list(MODES)})"] if bad_modes else []) + \
-        ([f"--time-budget must be a positive number of seconds, got {time_budget_s}"]
-         if not (math.isfinite(time_budget_s) and time_budget_s > 0) else [])
-    if problems:
-        print("e2e: " + "; ".join(problems), file=sys.stderr)
-        return 2
+    names, status = preflight("e2e", models, (
+        ([f"unknown kv cache dtypes {bad_kv} (known: {list(KV_CACHE_DTYPES)})"] if bad_kv else [])
+        + ([f"unknown modes {bad_modes} (known: {list(MODES)})"] if bad_modes else [])
+        + positive_seconds("--time-budget", time_budget_s)))
+    if status is not None:
+        return status
     import torch
+    import vllm
 
-    try:
-        import vllm
-    except ImportError as exc:
-        print(f"e2e needs vLLM installed ({exc})", file=sys.stderr)
-        return 3
-    if not torch.cuda.is_available():
-        print("e2e needs a CUDA GPU; none is visible", file=sys.stderr)
-        return 3
     capability = torch.cuda.get_device_capability()
     device = f"{torch.cuda.get_device_name()} (sm_{capability[0]}{capability[1]}), vLLM {vllm.__version__}"
     out_dir = Path(work_dir or tempfile.mkdtemp(prefix="sparse_mla_e2e_"))

@@ -447,26 +447,13 @@ def main(models: tuple[str, ...] | None = None, tp: int = 1, json_path: str | No
     """Exit 0 when every model passes; 1 when a check fails; 2 for bad arguments; 3 when there is
     no vLLM or fewer CUDA GPUs than ``tp``. ``timeout_s`` bounds the whole run (servers included;
     a server's shutdown may take ``SHUTDOWN_GRACE_S`` more)."""
-    names = tuple(n.lower() for n in models) if models else ("deepseek-v3.2", "glm-5.3-flash")
-    problems = ([f"unknown models {[n for n in names if n not in e2e.MODELS]} (known: {list(e2e.MODELS)})"]
-                if any(n not in e2e.MODELS for n in names) else []) + \
-        ([f"--tensor-parallel-size must be >= 1, got {tp}"] if tp < 1 else []) + \
-        ([f"--timeout must be a positive number of seconds, got {timeout_s}"]
-         if not (math.isfinite(timeout_s) and timeout_s > 0) else [])
-    if problems:
-        print("serve: " + "; ".join(problems), file=sys.stderr)
-        return 2
+    names, status = e2e.preflight("serve", models, ([f"--tensor-parallel-size must be >= 1, got {tp}"] if tp < 1 else [])
+                                  + e2e.positive_seconds("--timeout", timeout_s), gpus=max(tp, 1))
+    if status is not None:
+        return status
     import torch
+    import vllm
 
-    try:
-        import vllm
-    except ImportError as exc:
-        print(f"serve needs vLLM installed ({exc})", file=sys.stderr)
-        return 3
-    if not torch.cuda.is_available() or torch.cuda.device_count() < tp:
-        print(f"serve needs {tp} CUDA GPU(s); {torch.cuda.device_count() if torch.cuda.is_available() else 0} visible",
-              file=sys.stderr)
-        return 3
     device = f"{torch.cuda.get_device_name()} x{tp}, vLLM {vllm.__version__}"
     work = Path(work_dir or tempfile.mkdtemp(prefix="sparse_mla_serve_"))
     work.mkdir(parents=True, exist_ok=True)
