@@ -427,18 +427,18 @@ def test_bench_peers_that_cannot_run_or_disagree_are_noted_not_timed(monkeypatch
     monkeypatch.setattr(bench, "_median_ms", lambda call, reps, sets: 0.5)
     q = torch.zeros(2, 16, 576)
     notes = {}
-    assert bench._time_peers("bf16", q, None, [None], 0.1, ours, 1.0, notes) == {}
+    assert bench._time_peers("bf16", q, None, [None], 0.1, ours, 1.0, notes, {}) == {}
     assert "No module named 'vllm'" in notes["FlashMLA-sparse (bf16, D=576, H=16)"]
     assert "differs from this kernel's" in notes["FA3-sparse (bf16, D=576, H=16)"]
     behaviour["FA3-sparse"] = "scaled"  # the same direction, 8 % too large: not the same result
     notes = {}
-    assert bench._time_peers("bf16", q, None, [None], 0.1, ours, 1.0, notes) == {}
+    assert bench._time_peers("bf16", q, None, [None], 0.1, ours, 1.0, notes, {}) == {}
     assert "relative error 8.00e-02" in notes["FA3-sparse (bf16, D=576, H=16)"]
     behaviour["FA3-sparse"] = "agree"
     rel_errs = {}
     assert bench._time_peers("bf16", q, None, [None], 0.1, ours, 1.0, {}, rel_errs) == {"FA3-sparse": 500.0}
     assert rel_errs == {"FA3-sparse": 0.0}
-    assert bench._time_peers("fp8_e4m3", q, None, [None], 0.1, ours, 1.0, {}) == {}  # no vLLM kernel reads it
+    assert bench._time_peers("fp8_e4m3", q, None, [None], 0.1, ours, 1.0, {}, {}) == {}  # no vLLM kernel reads it
 
 
 @pytest.mark.parametrize("kv, code", [("int4", 2), ("bfloat16,fp8", None)])

@@ -267,7 +267,8 @@ def _line(proc, pid, message):
     return f"({proc} pid={pid}) INFO 12-02 05:10:11 [x.py:1] {message}"
 
 
-RECORD = f"{serve_check.SELECTION_RECORD} {serve_check.OURS_PATH}"
+OURS_PATH = "vllm_sparse_mla_blackwell.backend.SparseMLABlackwellBackend"  # backend.BACKEND_CLASS_PATH
+RECORD = f"{serve_check.SELECTION_RECORD} {OURS_PATH}"
 VLLM_LINE = "Using SPARSE_MLA_BLACKWELL attention backend out of potential backends: ['SPARSE_MLA_BLACKWELL']."
 
 
@@ -279,7 +280,7 @@ def test_backend_evidence_needs_every_worker():
     other = two + [_line("Worker_TP1", 11, f"{serve_check.SELECTION_RECORD} vllm.FlashMLASparseBackend")]
     assert not serve_check.backend_evidence("\n".join(other), 2)["passed"]
     assert not serve_check.backend_evidence("\n".join(two[:1] + two[1:2] + two[3:]), 2)["passed"]  # no vLLM line
-    ignored = two + [f"ERROR x vllm_sparse_mla_blackwell: {serve_check.SPARSE_MLA_ENV}=1 is ignored: ..."]
+    ignored = two + [f"ERROR x {serve_check.IGNORED_MESSAGE}: ..."]
     assert not serve_check.backend_evidence("\n".join(ignored), 2)["passed"]
     one = [_line("EngineCore", 7, "\x1b[0;36m" + RECORD + "\x1b[0m"), _line("EngineCore", 7, VLLM_LINE)]
     assert serve_check.backend_evidence("\n".join(one), 1)["passed"]
@@ -289,7 +290,7 @@ def test_the_selection_record_path_is_the_backends():
     pytest.importorskip("vllm")
     from vllm_sparse_mla_blackwell import backend
 
-    assert serve_check.OURS_PATH == backend.BACKEND_CLASS_PATH
+    assert OURS_PATH == backend.BACKEND_CLASS_PATH  # the path these tests' log lines carry
 
 
 _HOOKED = r"""
@@ -311,7 +312,7 @@ from vllm.config.logging import LoggingConfig
 from vllm.logger import configure_logging
 configure_logging(LoggingConfig())  # as vLLM's engine and workers do before they build the model
 wrapped = cuda_platform.CudaPlatform.get_attn_backend_cls.__func__.__name__ == "selected"
-fake = types.SimpleNamespace(CudaPlatform=type("P", (), {"get_attn_backend_cls": classmethod(lambda cls, *a: serve_check.OURS_PATH)}))
+fake = types.SimpleNamespace(CudaPlatform=type("P", (), {"get_attn_backend_cls": classmethod(lambda cls, *a: "vllm_sparse_mla_blackwell.backend.SparseMLABlackwellBackend")}))
 serve_check._log_selections(fake)
 fake.CudaPlatform.get_attn_backend_cls("x")
 print("RESULT " + json.dumps({"stub": q.is_fused_q_cutedsl_supported(), "chained": bool(__import__("os").environ.get("CHAINED_MARK")),

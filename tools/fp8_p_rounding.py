@@ -100,9 +100,8 @@ def main() -> None:
         ref, _ = reference.sparse_mla_reference(inputs.q, inputs.kv_rows, inputs.indices, case.sm_scale,
                                                 topk=case.topk)
         ref = ref.double()
-        outs = [emulated_out(case, inputs, mode, args.q_e4m3).double() for mode in P_MODES]
-        rel = [((o - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item() for o in outs]
-        cos = [torch.nn.functional.cosine_similarity(o, ref, dim=-1).min().item() for o in outs]
+        rel, cos = zip(*(cases.row_metrics(emulated_out(case, inputs, mode, args.q_e4m3).double(), ref)
+                         for mode in P_MODES))
         print(f"{case.label()}{f' (q in e4m3, {args.q_e4m3})' if args.q_e4m3 else ''}: worst row vs the fp32 reference, P")
         for mode, r, c in zip(P_MODES, rel, cos):
             print(f"  {mode:14} rel {r:.2e}  cos {c:.7f}")

@@ -13,22 +13,15 @@ from vllm_sparse_mla_blackwell import ops
 VARIANTS = ("main", "one_stage", "decoded_fp8", "paired_scores")
 
 
-def sparse_mla_fwd(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, sm_scale: float, *,
-                   block_heads: int | None = None, q_pe: torch.Tensor | None = None, kv_cache_dtype: str = "auto",
-                   k_scale: torch.Tensor | None = None, topk: int | None = None,
-                   topk_len: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                   lse: torch.Tensor | None = None,
-                   workspace: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ops.sparse_mla_fwd`` with the heads per kernel block forced: ``block_heads`` 16 or 32
-    (32 needs ``num_heads > 16``); ``None`` lets the planner choose (``plan_head_groups``). The
-    result is the same up to rounding. Raises ``ValueError`` for any other ``block_heads``, and
-    as ``ops.sparse_mla_fwd`` for every other argument."""
+def sparse_mla_fwd(*args, block_heads: int | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ops.sparse_mla_fwd(*args, **kwargs)`` (same arguments, shapes, dtypes and errors) with the
+    heads per kernel block forced: ``block_heads`` 16 or 32 (32 needs ``num_heads > 16``); ``None``
+    lets the planner choose (``plan_head_groups``). The result is the same up to rounding. Raises
+    ``ValueError`` for any other ``block_heads``."""
     if block_heads is not None and (isinstance(block_heads, bool) or not isinstance(block_heads, int)
                                     or block_heads not in (16, 32)):
         raise ValueError(f"block_heads must be 16, 32 or None, got {block_heads!r}")
-    return ops._sparse_mla_fwd(q, kv_cache, indices, sm_scale, q_pe=q_pe, kv_cache_dtype=kv_cache_dtype,
-                               k_scale=k_scale, topk=topk, topk_len=topk_len, out=out, lse=lse, workspace=workspace,
-                               block_heads=block_heads)
+    return ops._sparse_mla_fwd(*args, block_heads=block_heads, **kwargs)
 
 
 def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, num_heads: int,

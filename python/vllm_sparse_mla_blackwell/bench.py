@@ -180,7 +180,8 @@ def _peer_call(peer: str, q, cache, idx_sets, sm_scale, num_heads: int):
         padded = 64 if num_heads <= 64 else 128  # the heads its fp8 decode kernel takes
         qp = q.new_zeros(num_tokens, 1, padded, head_size)
         qp[:, 0, :num_heads] = q
-        k_cache = cache.view(torch.uint8).view(-1, 64, 1, cache.view(torch.uint8).shape[-1])
+        records = cache.view(torch.uint8)
+        k_cache = records.view(-1, 64, 1, records.shape[-1])
         block_table = torch.zeros(num_tokens, 1, dtype=torch.int32, device=q.device)
         seqlens = torch.full((num_tokens,), POOL_ROWS, dtype=torch.int32, device=q.device)
         meta = get_mla_metadata()[0]  # filled by the first call, reused for this shape
@@ -210,7 +211,7 @@ def _peer_call(peer: str, q, cache, idx_sets, sm_scale, num_heads: int):
 
 
 def _time_peers(kv_dtype, q, cache, idx_sets, sm_scale, ours: torch.Tensor, est_ms: float,
-                notes: dict[str, str], rel_errs: dict[str, float] | None = None) -> dict[str, float]:
+                notes: dict[str, str], rel_errs: dict[str, float]) -> dict[str, float]:
     """µs per call of each of vLLM's kernels for ``kv_dtype`` (PEERS) on the same rows and index
     sets. A peer that cannot run, or whose output on index set 0 has a per-row cosine below
     PEER_MIN_COSINE or a per-row relative error above PEER_MAX_REL_ERR against ``ours`` (this
@@ -220,15 +221,12 @@ def _time_peers(kv_dtype, q, cache, idx_sets, sm_scale, ours: torch.Tensor, est_
     for peer in PEERS.get(kv_dtype, ()):
         try:
             call = _peer_call(peer, q, cache, idx_sets, sm_scale, ours.shape[1])
-            got, want = call(0).float(), ours.float()
-            cos = float(torch.nn.functional.cosine_similarity(got, want, dim=-1).min())
-            rel = float(((got - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-30)).max())
+            rel, cos = cases.row_metrics(call(0).float(), ours.float())
             if not (cos >= PEER_MIN_COSINE and rel <= PEER_MAX_REL_ERR):
                 raise RuntimeError(f"output differs from this kernel's (min row cosine {cos:.4f}, "
                                    f"max row relative error {rel:.2e})")
             timed[peer] = _median_ms(call, _reps(est_ms), INDEX_SETS) * 1e3
-            if rel_errs is not None:
-                rel_errs[peer] = rel
+            rel_errs[peer] = rel
         except Exception as exc:  # reported, never fatal: the peers are optional
             notes.setdefault(f"{peer} ({kv_dtype}, D={q.shape[-1]}, H={q.shape[1]})", f"{type(exc).__name__}: {exc}"[:300])
     return timed
@@ -239,7 +237,8 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
     """Time every (model, heads, tokens) shape for each cache dtype, with the gather ceiling at
     the same slots, each after ``idle_s`` seconds of idle (without it between dtypes, the third
     of four ran up to 1.31x slower: bench/HISTORY.md v16); ``naive`` adds the PyTorch baseline for
-    T <= 64 (bf16 only), ``peers`` vLLM's kernels where they run (PEERS). ``progress`` wraps the shape list (e.g. ``rich.progress.track``).
+    T <= 64 (bf16 only), ``peers`` vLLM's kernels where they run (PEERS). ``progress`` wraps the
+    shape list (e.g. ``rich.progress.track``).
     Returns the rows (µs, GB/s, TFLOP/s and their fractions of the ceilings) and run metadata
     (device, measured mma.sync peak, date)."""
     device = torch.device("cuda", torch.cuda.current_device())
@@ -336,8 +335,7 @@ def main(json_path: str = "bench.json", png_path: str = "bench_roofline.png", qu
          models: tuple[str, ...] | None = None, naive: bool = True, peers: bool = True) -> int:
     """Run ``run`` (``quick``: T in 1, 64, 1024 and a short idle; ``tokens``, ``kv_dtypes``,
     ``models`` narrow the shapes, ``naive`` adds the PyTorch baseline, ``peers`` vLLM's kernels
-    where vLLM is installed), print the table, write
-    JSON and PNG. Returns the exit status: 0 done, 1 matplotlib missing or the library cannot
+    where vLLM is installed), print the table, write JSON and PNG. Returns the exit status: 0 done, 1 matplotlib missing or the library cannot
     run on this GPU, 2 an unknown model or cache dtype, 3 no GPU."""
     from rich.console import Console
     from rich.progress import track

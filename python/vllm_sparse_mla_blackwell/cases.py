@@ -224,7 +224,9 @@ def max_rel_err(case: Case) -> float:
     return MAX_REL_ERR_FP16 if case.q_dtype == "fp16" and case.kv_cache_dtype != "bf16" else MAX_REL_ERR
 
 
-def _row_metrics(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+def row_metrics(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """Worst per-row relative error ``|out - ref| / |ref|`` and worst per-row cosine of two
+    ``[..., N]`` float tensors (rows along the last dim)."""
     diff = (out - ref).norm(dim=-1)
     rel = float((diff / ref.norm(dim=-1).clamp_min(1e-30)).max())
     cos = float(torch.nn.functional.cosine_similarity(out.double(), ref.double(), dim=-1).min())
@@ -252,7 +254,7 @@ def compare(case: Case, inputs: CaseInputs, out: torch.Tensor, lse: torch.Tensor
     rel = lse_err = 0.0
     cos = 1.0
     if live.any():
-        rel, cos = _row_metrics(out[live], ref_out[live])
+        rel, cos = row_metrics(out[live], ref_out[live])
         lse_err = float((lse[live] - ref_lse[live]).abs().max())
     if not all_written:
         rel = cos = float("nan")

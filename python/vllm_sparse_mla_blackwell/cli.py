@@ -31,25 +31,19 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("e2e", help="serve tiny DeepSeek-V3.2 and GLM-5.3-Flash models in vLLM through this backend "
                        "and through references; compare greedy tokens, logits, throughput and KV capacity "
                        "(needs vLLM and a GPU)")
-    e.add_argument("--models", type=_names, action="extend", metavar="NAME,...",
-                   help="deepseek-v3.2, glm-5.3-flash, deepseek-v3.2-fp16 (default: the first two)")
+    _add_model_run_options(e, "model configs and per-run results")
     e.add_argument("--kv", type=_names, action="extend", metavar="DTYPE,...",
                    help="kv cache dtypes among bfloat16,fp8,fp8_ds_mla (default all)")
     e.add_argument("--modes", type=_names, action="extend", metavar="MODE,...",
                    help="eager and/or graphs (enforce_eager=False: vLLM's default CUDA graphs; default both)")
     e.add_argument("--quick", action="store_true", help="half the prompts, 8 generated steps, a small batch")
-    e.add_argument("--json", metavar="PATH", help="also write the report as JSON")
-    e.add_argument("--work-dir", metavar="DIR", help="model configs and per-run results (default: a new temp dir)")
     e.add_argument("--time-budget", type=float, default=3600, metavar="SECONDS",
                    help="start no run that would end after this many seconds (default 3600); skipped runs fail")
     s = sub.add_parser("serve", help="write tiny DeepSeek-V3.2 and GLM-5.3-Flash checkpoints, serve them with `vllm serve` "
                        "through this backend, send token-id completions one by one and concurrently, compare with "
                        "vLLM in-process, check the backend in every worker and a clean shutdown (needs vLLM and a GPU)")
-    s.add_argument("--models", type=_names, action="extend", metavar="NAME,...",
-                   help="deepseek-v3.2, glm-5.3-flash, deepseek-v3.2-fp16 (default: the first two)")
+    _add_model_run_options(s, "checkpoints, server logs and answers")
     s.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N", help="GPUs per server (default 1)")
-    s.add_argument("--json", metavar="PATH", help="also write the report as JSON")
-    s.add_argument("--work-dir", metavar="DIR", help="checkpoints, server logs and answers (default: a new temp dir)")
     s.add_argument("--timeout", type=float, default=1200, metavar="SECONDS",
                    help="time limit of the whole check (default 1200); each server's shutdown may take 60 s more")
     args = parser.parse_args(argv)
@@ -83,6 +77,14 @@ def _run(args: argparse.Namespace) -> int:
     return bench.main(json_path=args.json, png_path=args.png, quick=args.quick, tokens=_unique(args.tokens),
                       kv_dtypes=_unique(args.kv), models=_unique(args.models), naive=not args.no_naive,
                       peers=not args.no_peers)
+
+
+def _add_model_run_options(parser: argparse.ArgumentParser, work_dir_holds: str) -> None:
+    """--models, --json and --work-dir, as e2e and serve take them."""
+    parser.add_argument("--models", type=_names, action="extend", metavar="NAME,...",
+                        help="deepseek-v3.2, glm-5.3-flash, deepseek-v3.2-fp16 (default: the first two)")
+    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    parser.add_argument("--work-dir", metavar="DIR", help=f"{work_dir_holds} (default: a new temp dir)")
 
 
 MAX_BENCH_TOKENS = 65535  # the gather ceiling kernel puts tokens on grid.y

@@ -38,6 +38,7 @@ from pathlib import Path
 from vllm_sparse_mla_blackwell.envs import SPARSE_MLA_ENV
 
 OURS = "SPARSE_MLA_BLACKWELL"
+OURS_IMPL = "SparseMLABlackwellImpl"  # backend.SparseMLABlackwellImpl, by name: no vLLM import here
 EXACT = "EXACT"  # this backend with the fp32 reference attention
 VLLM_BACKENDS = ("FLASHMLA_SPARSE", "FLASH_ATTN_MLA_SPARSE")
 KV_CACHE_DTYPES = ("bfloat16", "fp8", "fp8_ds_mla")
@@ -205,8 +206,12 @@ class Run:
     graphs: bool
 
     @property
+    def mode(self) -> str:
+        return "graphs" if self.graphs else "eager"
+
+    @property
     def key(self) -> str:
-        return f"{self.model}.{self.backend}.{self.kv_cache_dtype}.{'graphs' if self.graphs else 'eager'}"
+        return f"{self.model}.{self.backend}.{self.kv_cache_dtype}.{self.mode}"
 
 
 def vllm_backends_for(model: Model, kv_cache_dtype: str, capability: tuple[int, int]) -> list[str]:
@@ -245,6 +250,16 @@ def plan_runs(models: list[Model], kv_dtypes: tuple[str, ...], modes: tuple[str,
 # ---------------------------------------------------------------------------------------------
 # Worker: one process, vLLM in-process, several runs one after another
 # ---------------------------------------------------------------------------------------------
+
+
+def mla_impls(llm) -> list[str]:
+    """The attention implementations (class names, sorted, each once) of every MLA layer of a
+    ``vllm.LLM``, in every worker."""
+    return sorted({name for names in llm.apply_model(_layer_impls) for name in names})
+
+
+def _layer_impls(model) -> list[str]:  # module level: apply_model may pickle it to TP workers
+    return [type(m.impl).__name__ for m in model.modules() if hasattr(m, "impl") and hasattr(m.impl, "forward_mqa")]
 
 
 def _prompts(model: Model, quick: bool) -> list[list[int]]:
@@ -366,9 +381,7 @@ def _one_run(run: Run, model: Model, model_dir: Path, out_dir: Path, quick: bool
         start_s = time.perf_counter() - t0
         cache = llm.llm_engine.vllm_config.cache_config
         kv_tokens = (cache.num_gpu_blocks or 0) * cache.block_size
-        impls = sorted(set(sum(llm.apply_model(
-            lambda m: [type(x.impl).__name__ for x in m.modules() if hasattr(x, "impl") and hasattr(x.impl, "forward_mqa")]
-        ), [])))
+        impls = mla_impls(llm)
         prompts = _prompts(model, quick)
         steps = 8 if quick else 24
         params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, logprobs=-1,
@@ -414,7 +427,7 @@ def _one_run(run: Run, model: Model, model_dir: Path, out_dir: Path, quick: bool
 
 
 def _run_or_skip(run: Run, model: Model, spec: dict, out_dir: Path) -> dict:
-    if time.time() + RUN_ESTIMATE_S[_mode(run)] > spec["deadline"]:
+    if time.time() + RUN_ESTIMATE_S[run.mode] > spec["deadline"]:
         return {"key": run.key, "ok": False, "error": "skipped: over the time budget"}
     try:
         return _one_run(run, model, Path(spec["model_dirs"][run.model]), out_dir, spec["quick"])
@@ -535,10 +548,10 @@ def evaluate(runs: list[Run], records: dict[str, dict], results_dir: Path) -> di
         for r in theirs:
             e = exact.get(r.kv_cache_dtype)
             if e is not None and loaded[e.key] is not None:
-                pairs.append((f"{r.backend} {r.kv_cache_dtype} {_mode(r)} vs exact", agreement(loaded[r.key], loaded[e.key])))
+                pairs.append((f"{r.backend} {r.kv_cache_dtype} {r.mode} vs exact", agreement(loaded[r.key], loaded[e.key])))
             for o in theirs:
                 if (o.backend > r.backend and o.kv_cache_dtype == r.kv_cache_dtype and o.graphs == r.graphs):
-                    pairs.append((f"{r.backend} vs {o.backend} {r.kv_cache_dtype} {_mode(r)}",
+                    pairs.append((f"{r.backend} vs {o.backend} {r.kv_cache_dtype} {r.mode}",
                                   agreement(loaded[r.key], loaded[o.key])))
         bar = spread([p for _, p in pairs])
         fallback = FALLBACK_BARS[model_name]
@@ -554,7 +567,7 @@ def evaluate(runs: list[Run], records: dict[str, dict], results_dir: Path) -> di
         rows = []
         for r in (r for r in mruns if r.backend == OURS):
             rec = records.get(r.key, {"ok": False, "error": "not run"})
-            row = {"kv_cache_dtype": r.kv_cache_dtype, "mode": _mode(r), **rec}
+            row = {"kv_cache_dtype": r.kv_cache_dtype, "mode": r.mode, **rec}
             e = exact.get(r.kv_cache_dtype)
             if loaded[r.key] is not None and e is not None and loaded[e.key] is not None:
                 agr = agreement(loaded[r.key], loaded[e.key])
@@ -568,7 +581,7 @@ def evaluate(runs: list[Run], records: dict[str, dict], results_dir: Path) -> di
                 row["vs_vllm"] = {"backend": peer.backend, **dataclasses.asdict(agreement(loaded[r.key], loaded[peer.key]))}
                 row["throughput_ratio"] = round(rec["tokens_per_s"] / records[peer.key]["tokens_per_s"], 3)
                 row["kv_tokens_ratio"] = round(rec["kv_tokens"] / max(1, records[peer.key]["kv_tokens"]), 3)
-            row["selected_ours"] = rec.get("impls") == ["SparseMLABlackwellImpl"]  # every MLA layer
+            row["selected_ours"] = rec.get("impls") == [OURS_IMPL]  # every MLA layer
             row["passed"] = bool(rec.get("ok")) and row["within_bar"] and row["selected_ours"]
             report["passed"] &= row["passed"]
             rows.append(row)
@@ -581,10 +594,6 @@ def evaluate(runs: list[Run], records: dict[str, dict], results_dir: Path) -> di
             "references": refs,
         }
     return report
-
-
-def _mode(run: Run) -> str:
-    return "graphs" if run.graphs else "eager"
 
 
 def print_report(report: dict, device: str) -> None:

@@ -211,8 +211,8 @@ def sparse_mla_fwd(
                            topk=topk, topk_len=topk_len, out=out, lse=lse, workspace=workspace)
 
 
-def _sparse_mla_fwd(q, kv_cache, indices, sm_scale, *, q_pe, kv_cache_dtype, k_scale, topk, topk_len, out, lse,
-                    workspace, block_heads=None):
+def _sparse_mla_fwd(q, kv_cache, indices, sm_scale, *, q_pe=None, kv_cache_dtype="auto", k_scale=None, topk=None,
+                    topk_len=None, out=None, lse=None, workspace=None, block_heads=None):
     """sparse_mla_fwd, with the heads per kernel block forced where ``block_heads`` is 16 or 32
     (``_testing.sparse_mla_fwd`` checks it)."""
     if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int)):

@@ -14,6 +14,8 @@ from vllm_sparse_mla_blackwell.envs import MOE_INPUT_SCALE_ENV, SPARSE_MLA_ENV
 
 #: The oldest vLLM release the backend is written and tested against.
 MIN_VLLM_VERSION = "0.33.0"
+#: How the one error line about an unusable backend begins (the serve check looks for it).
+IGNORED_MESSAGE = f"vllm_sparse_mla_blackwell: {SPARSE_MLA_ENV}=1 is ignored"
 
 _BACKEND_ERROR_LOGGED = False
 
@@ -39,9 +41,8 @@ def register_sparse_mla_backend() -> None:
             too_old = isinstance(exc, ImportError) and version is not None and _older(version, MIN_VLLM_VERSION)
             # vLLM's logger (its handler and format).
             logging.getLogger("vllm").error(
-                "vllm_sparse_mla_blackwell: %s=1 is ignored: %s (%s: %s). vLLM's own attention "
-                "backend choice is unchanged.",
-                SPARSE_MLA_ENV,
+                "%s: %s (%s: %s). vLLM's own attention backend choice is unchanged.",
+                IGNORED_MESSAGE,
                 f"this vLLM ({version}) cannot host the sparse-MLA backend; it needs vLLM >= "
                 f"{MIN_VLLM_VERSION}" if too_old else f"the sparse-MLA backend failed to load on vLLM {version}",
                 type(exc).__name__,
@@ -59,13 +60,14 @@ def _vllm_version() -> str | None:
 
 
 def _older(version: str, than: str) -> bool:
-    """``version < than`` by release numbers (``0.26.0`` < ``0.33.0``; dev/local suffixes ignored)."""
-    import re
+    """``version < than`` by release numbers (``0.26.0`` < ``0.33.0``; dev/local suffixes ignored;
+    False for a version string that is not PEP 440)."""
+    from packaging.version import InvalidVersion, Version
 
-    def release(v: str) -> tuple[int, ...]:
-        return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
-
-    return release(version) < release(than)
+    try:
+        return Version(version).release < Version(than).release
+    except InvalidVersion:
+        return False
 
 
 def register_moe_input_scale_fix() -> None:

@@ -34,6 +34,7 @@ from pathlib import Path
 from vllm_sparse_mla_blackwell import e2e
 from vllm_sparse_mla_blackwell.checkpoint import save_checkpoint
 from vllm_sparse_mla_blackwell.envs import SPARSE_MLA_ENV
+from vllm_sparse_mla_blackwell.plugins import IGNORED_MESSAGE
 
 STEPS = 20  # greedy tokens per prompt
 NUM_LOGPROBS = 5  # top logprobs per step (vLLM's server allows up to 20)
@@ -46,11 +47,8 @@ LOGPROB_SIGMAS = 5.0
 LOGPROB_FLOOR = 0.05  # bf16 logits near 3 are 1/64 apart: a rounding flip is 0.016
 SHUTDOWN_GRACE_S = 60.0
 CUTEDSL_MODULE = "vllm.models.deepseek_v32.nvidia.ops.fused_q_cutedsl"
-OURS_PATH = "vllm_sparse_mla_blackwell.backend.SparseMLABlackwellBackend"  # backend.BACKEND_CLASS_PATH
-OURS_IMPL = "SparseMLABlackwellImpl"
 SELECTION_RECORD = "serve check: attention backend selected:"
 RECORDED = re.compile(re.escape(SELECTION_RECORD) + r" (\S+)")
-IGNORED = f"vllm_sparse_mla_blackwell: {SPARSE_MLA_ENV}=1 is ignored"
 SELECTED = re.compile(r"Using (\S+) attention backend out of potential backends")  # vllm/platforms/cuda.py
 PROCESS = re.compile(r"\((\S+) pid=(\d+)\)")  # vLLM's log prefix (vllm/logger.py _FORMAT)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -118,6 +116,8 @@ def backend_evidence(log: str, tp: int) -> dict:
     itself logs its choice on local rank 0 only, ``info_once`` with scope ``local``); there must be
     ``tp`` of them (the ``EngineCore``, or ``tp`` workers) and every choice must be this backend.
     vLLM's own selection line must name it too, and nothing may say the plugin was ignored."""
+    from vllm_sparse_mla_blackwell.backend import BACKEND_CLASS_PATH as OURS_PATH
+
     lines = [ANSI.sub("", x) for x in log.splitlines()]
     records = [(int(p[2]), m[1]) for x in lines if (m := RECORDED.search(x)) and (p := PROCESS.search(x))]
     procs = {pid for pid, _ in records}
@@ -126,7 +126,7 @@ def backend_evidence(log: str, tp: int) -> dict:
     problems = ([f"{len(procs)} processes selected an attention backend, expected {tp}"] if len(procs) != tp else []) + \
         ([f"other backends selected: {others}"] if others else []) + \
         ([f"vLLM's selection line names {selected or 'nothing'}"] if selected != [e2e.OURS] else []) + \
-        (["the plugin was ignored"] if any(IGNORED in x for x in lines) else [])
+        (["the plugin was ignored"] if any(IGNORED_MESSAGE in x for x in lines) else [])
     return {"passed": not problems, "processes": len(procs), "ours": len({p for p, path in records if path == OURS_PATH}),
             "selected": selected, "problems": problems}
 
@@ -325,10 +325,6 @@ def shutdown(proc: subprocess.Popen, grace_s: float = SHUTDOWN_GRACE_S) -> dict:
     return {"passed": not killed, "signals": signals, "exit_code": proc.returncode, "leftover": left}
 
 
-def _attention_impls(model) -> list[str]:
-    return [type(m.impl).__name__ for m in model.modules() if hasattr(m, "impl") and hasattr(m.impl, "forward_mqa")]
-
-
 def reference_main(spec_path: str) -> int:
     """Child process: ``LLM`` in-process on the checkpoint (``spec``: ``model_dir``, ``tp``,
     ``prompts``, ``out``), the same greedy requests; writes answers and the MLA impls to ``out``."""
@@ -340,7 +336,7 @@ def reference_main(spec_path: str) -> int:
 
     llm = LLM(model=spec["model_dir"], skip_tokenizer_init=True, load_format="auto", tensor_parallel_size=spec["tp"],
               max_model_len=e2e.MAX_MODEL_LEN, gpu_memory_utilization=0.4, seed=0)
-    impls = sorted(set(sum(llm.apply_model(_attention_impls), [])))
+    impls = e2e.mla_impls(llm)
     params = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True, logprobs=NUM_LOGPROBS, detokenize=False)
     outs = llm.generate([{"prompt_token_ids": p} for p in spec["prompts"]], params, use_tqdm=False)
     answers = [{"tokens": list(o.outputs[0].token_ids),
@@ -408,7 +404,7 @@ def check_model(name: str, tp: int, work: Path, deadline: float) -> dict:
     row["reference_impls"] = ref["impls"]
     row["server_vs_in_process"] = compare(seq, ref["answers"], tol)
     row["passed"] = (row["error"] is None and row["shutdown"]["passed"] and row["backend"]["passed"]
-                     and ref["impls"] == [OURS_IMPL]
+                     and ref["impls"] == [e2e.OURS_IMPL]
                      and row["concurrent_vs_sequential"]["passed"] and row["server_vs_in_process"]["passed"])
     return row
 
@@ -437,7 +433,7 @@ def print_report(rows: list[dict], device: str) -> None:
         left = r["shutdown"]["leftover"]
         for line in ([r["error"]] if r.get("error") else []) + r["backend"]["problems"] + \
                 ([f"left running after SIGINT/SIGTERM (killed): pids {left}"] if left else []) + \
-                ([f"in-process MLA impls: {r['reference_impls']}"] if r.get("reference_impls", [OURS_IMPL]) != [OURS_IMPL] else []) + \
+                ([f"in-process MLA impls: {r['reference_impls']}"] if r.get("reference_impls", [e2e.OURS_IMPL]) != [e2e.OURS_IMPL] else []) + \
                 [n for k in ("concurrent_vs_sequential", "server_vs_in_process") for n in r.get(k, {}).get("notes", [])]:
             console.print(f"  {r['model']}: {line}", markup=False)
 
