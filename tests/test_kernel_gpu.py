@@ -34,7 +34,7 @@ def test_matrix_subset(case):
 
 
 # Launches of more than 16 heads run in the planned blocks and in forced 32-head ones (None, 32):
-# a GPU that holds two 16-head blocks per SM, like the H200, plans no 32-head blocks for these caches.
+# for these 16-bit caches the planner gives 16-head blocks at decode (T = 1), 32-head ones above.
 @pytest.mark.parametrize("block_heads", [None, 32])
 @pytest.mark.parametrize("masking", ["random", "causal", "all_masked", "invalid", "topk_len"])
 @pytest.mark.parametrize("num_tokens", [1, 64])
@@ -153,12 +153,12 @@ def _fwd_kernel_configs(prof) -> set[tuple[int, int, str]]:
 
 
 def _planned_block_heads(kv_cache_dtype: str, head_size: int, num_heads: int, split_short: bool) -> int:
-    """The heads per block planner.h plan_head_groups gives: 16 up to 16 heads, where an SM holds two
-    16-head blocks (the fwd_blocks_per_sm op) but for the fp16 cache, or where the 32-head plan
-    splits into blocks of fewer than 8 tiles (`split_short`, from the caller's shape); else 32."""
+    """The heads per block planner.h plan_head_groups gives: 16 up to 16 heads, for fp8 caches where
+    an SM holds two 16-head blocks (the fwd_blocks_per_sm op), or where the 32-head plan splits
+    into blocks of fewer than 8 tiles (`split_short`, from the caller's shape); else 32."""
     if num_heads <= 16 or split_short:
         return 16
-    if kv_cache_dtype == "fp16":
+    if kv_cache_dtype in verify.KV_16BIT:
         return 32
     return 16 if _testing.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, 16) >= 2 else 32
 
@@ -168,8 +168,8 @@ def _planned_block_heads(kv_cache_dtype: str, head_size: int, num_heads: int, sp
 @pytest.mark.parametrize("kv_cache_dtype", verify.KV_16BIT + verify.KV_FP8)
 @pytest.mark.parametrize("head_size", [512, 576])
 def test_head_blocks_as_planned_or_forced(head_size, kv_cache_dtype, num_tokens, block_heads):
-    """64 heads run the block size plan_head_groups picks (planner.h; 16-head blocks on a GPU that
-    holds two of them per SM, as the H200 does, but for the fp16 cache, and for T = 1, whose
+    """64 heads run the block size plan_head_groups picks (planner.h; 16-head blocks for fp8 caches
+    on a GPU that holds two of them per SM, as the H200 does, and for T = 1, whose
     32-head plan splits topk 2048 into blocks of two tiles), or the one block_heads forces; the
     profiler must see it, with right values."""
     from torch.profiler import ProfilerActivity, profile

@@ -128,7 +128,7 @@ SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int head_groups, KvForm
 
 int plan_head_groups(int num_tokens, int num_heads, KvFormat format, int topk, int num_sms, int64_t workspace_bytes,
                      int sixteen_head_blocks_per_sm, int thirty_two_head_blocks_per_sm) {
-  if (num_heads <= 16 || (sixteen_head_blocks_per_sm >= 2 && format != KvFormat::kFloat16)) return 1;
+  if (num_heads <= 16 || (sixteen_head_blocks_per_sm >= 2 && is_fp8(format))) return 1;
   const SplitPlan wide = plan_splits(num_tokens, num_heads, kMaxHeadGroups, format, topk, num_sms, workspace_bytes,
                                      thirty_two_head_blocks_per_sm);
   return wide.num_splits > 1 && wide.tiles_per_split < kCoResidentMinTiles ? 1 : kMaxHeadGroups;

@@ -51,14 +51,13 @@ def case_groups(quick: bool, kv_dtypes: tuple[str, ...]) -> dict[str, list[Case]
         # fp8 format (kernel_traits.h): grids of one wave, fp8_e4m3's 32-head blocks at D = 512
         # and GPUs before sm_89 decode each tile once, other launches keep tiles raw (planner.h
         # plan_head_groups, plan_fwd_splits, decoded_fp8_plan; which case runs which depends on
-        # the GPU: on the H200 the planned 64-head launches run 16-head blocks, T = 7 decodes once)
+        # the GPU: on the H200 the planned fp8 64-head launches run 16-head blocks, T = 7 decodes once)
         Case(head_size=d, num_heads=h, topk=2048, num_tokens=t, kv_cache_dtype=kv, block_heads=bh)
         for d in HEAD_SIZES for kv in kv_dtypes if kv in KV_FP8
         for h, t, bh in ((64, 64, None), (64, 256, None), (64, 64, 32), (64, 256, 32), (16, 7, None))
     ]
-    g["32-head blocks"] = [  # the 16-bit caches' 32-head kernels: a GPU holding two 16-head
-        # blocks per SM (the H200) plans them for the fp16 cache beyond decode only, for the bf16
-        # cache never (planner.h plan_head_groups)
+    g["32-head blocks"] = [  # the 16-bit caches' 32-head kernels, which the planner picks for
+        # them beyond decode (planner.h plan_head_groups)
         Case(head_size=d, num_heads=h, q_dtype=qd, kv_cache_dtype=qd, topk=2048, num_tokens=t, block_heads=32)
         for d in HEAD_SIZES for qd in ("bf16", "fp16") for h, t in ((32, 7), (64, 7), (128, 7), (32, 1), (32, 513))
     ]

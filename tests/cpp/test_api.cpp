@@ -515,18 +515,18 @@ TEST(SplitPlan, DecodedFp8KernelForGridsOfOneWave) {
   EXPECT_TRUE(plan_sparse_mla_fwd(ds_mla, true, 132).params.variant == FwdVariant::kDecodedFp8);
 }
 
-TEST(HeadGroups, SixteenHeadBlocksWhereAnSmHoldsTwo) {
+TEST(HeadGroups, Fp8SixteenHeadBlocksWhereAnSmHoldsTwo) {
   const int64_t ws = workspace_size(132);
-  for (int H : {17, 32, 64, 128})
-    for (int T : {1, 4, 64, 1024, 4096})
-      EXPECT_EQ(plan_head_groups(T, H, KvFormat::kBFloat16, 2048, 132, ws, 2, 1), 1) << H << " " << T;
+  for (KvFormat f : {KvFormat::kFp8E4m3, KvFormat::kFp8DsMla})
+    for (int H : {17, 32, 64, 128})
+      for (int T : {1, 4, 64, 1024, 4096})
+        EXPECT_EQ(plan_head_groups(T, H, f, 2048, 132, ws, 2, 1), 1) << H << " " << T;
   // Up to 16 heads one group, whatever the occupancies.
   for (int H : {1, 8, 16}) EXPECT_EQ(plan_head_groups(1024, H, KvFormat::kBFloat16, 2048, 132, ws, 1, 1), 1) << H;
-  // The fp16 cache: 16-head blocks at decode only (T = 1: 34 splits of 2 tiles; T = 64: 2 of 34).
-  for (const auto& [T, groups] : {std::pair{1, 1}, std::pair{64, 2}, std::pair{1024, 2}})
-    EXPECT_EQ(plan_head_groups(T, 32, KvFormat::kFloat16, 2048, 132, ws, 2, 1), groups) << T;
-  for (KvFormat f : {KvFormat::kFp8E4m3, KvFormat::kFp8DsMla})
-    EXPECT_EQ(plan_head_groups(1024, 32, f, 2048, 132, ws, 2, 1), 1);
+  // 16-bit caches: 16-head blocks at decode only (T = 1: 34 splits of 2 tiles; T = 64: 2 of 34).
+  for (KvFormat f : {KvFormat::kBFloat16, KvFormat::kFloat16})
+    for (const auto& [T, groups] : {std::pair{1, 1}, std::pair{64, 2}, std::pair{1024, 2}})
+      EXPECT_EQ(plan_head_groups(T, 32, f, 2048, 132, ws, 2, 1), groups) << T;
 }
 
 TEST(HeadGroups, WithOneSixteenHeadBlockPerSmOnlyDecodeSplitsTakeThem) {
@@ -561,8 +561,11 @@ TEST(SplitPlan, LaunchPlanUsesTheCacheFormat) {
 TEST(HeadGroups, LaunchPlanCarriesTheHeadGroups) {
   const int64_t ws = workspace_size(132);  // good_args' workspace
   for (int64_t T : {1, 64, 1024}) {
-    const SparseMlaFwdParams p = plan_sparse_mla_fwd(good_args(T, 64), true, 132, &h200_like_blocks_per_sm).params;
-    const SplitPlan want = plan_splits(static_cast<int>(T), 64, kOneGroup, KvFormat::kBFloat16, 2048, 132, ws, 2);
+    SparseMlaFwdArgs fp8 = good_args(T, 64);
+    fp8.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 576}, 1);
+    fp8.kv_cache_dtype = "fp8_e4m3";
+    const SparseMlaFwdParams p = plan_sparse_mla_fwd(fp8, true, 132, &h200_like_blocks_per_sm).params;
+    const SplitPlan want = plan_splits(static_cast<int>(T), 64, kOneGroup, KvFormat::kFp8E4m3, 2048, 132, ws, 2);
     EXPECT_EQ(p.head_groups, kOneGroup) << T;
     EXPECT_EQ(p.num_splits, want.num_splits) << T;
     EXPECT_EQ(p.tiles_per_split, want.tiles_per_split) << T;
@@ -575,6 +578,8 @@ TEST(HeadGroups, LaunchPlanCarriesTheHeadGroups) {
   fp8.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 576}, 1);
   fp8.kv_cache_dtype = "fp8_e4m3";
   EXPECT_EQ(plan_sparse_mla_fwd(fp8, true, 132, &sm120_like_blocks_per_sm).params.head_groups, kOneGroup);
+  EXPECT_EQ(plan_sparse_mla_fwd(good_args(1024, 64), true, 132, &h200_like_blocks_per_sm).params.head_groups,
+            kTwoGroups);
   SparseMlaFwdArgs fp16 = good_args(1024, 64);
   fp16.kv_cache = tensor(ScalarType::kFloat16, {256, 64, 576}, 2);
   EXPECT_EQ(plan_sparse_mla_fwd(fp16, true, 132, &h200_like_blocks_per_sm).params.head_groups, kTwoGroups);
@@ -592,12 +597,19 @@ TEST(HeadGroups, LaunchPlanCarriesTheHeadGroups) {
 }
 
 TEST(HeadGroups, SplitsAndVariantsFollowThePlannedBlocks) {
-  // 64 heads, T = 16, the H200's occupancies: four 16-head blocks per token split 4 x 16 tiles at
-  // two blocks per SM (two 32-head blocks at one would split 8 x 8).
-  const SparseMlaFwdParams t16 = plan_sparse_mla_fwd(good_args(16, 64), true, 132, &h200_like_blocks_per_sm).params;
+  // 64 heads, T = 16, the H200's occupancies: fp8's four 16-head blocks per token split 4 x 16
+  // tiles at two blocks per SM (256 blocks); bf16's two 32-head blocks at one per SM too (128).
+  SparseMlaFwdArgs fp8_t16 = good_args(16, 64);
+  fp8_t16.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 576}, 1);
+  fp8_t16.kv_cache_dtype = "fp8_e4m3";
+  const SparseMlaFwdParams t16 = plan_sparse_mla_fwd(fp8_t16, true, 132, &h200_like_blocks_per_sm).params;
   EXPECT_EQ(t16.head_groups, kOneGroup);
   EXPECT_EQ(t16.num_splits, 4);
   EXPECT_EQ(t16.tiles_per_split, 16);
+  const SparseMlaFwdParams bf16_t16 = plan_sparse_mla_fwd(good_args(16, 64), true, 132, &h200_like_blocks_per_sm).params;
+  EXPECT_EQ(bf16_t16.head_groups, kTwoGroups);
+  EXPECT_EQ(bf16_t16.num_splits, 4);
+  EXPECT_EQ(bf16_t16.tiles_per_split, 16);
   // The one-wave rule counts 16-head blocks: 40 tokens x 4 of two tiles (160) are more than 132
   // SMs, so fp8 keeps raw tiles (40 x 2 blocks of 32 heads would be one wave).
   SparseMlaFwdArgs fp8 = good_args(40, 64, 576, 64);
