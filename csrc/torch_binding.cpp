@@ -179,16 +179,29 @@ void bench_gather_rows(const at::Tensor& rows, const at::Tensor& indices, const 
   TORCH_CHECK(err == cudaSuccess, "bench_gather_rows: ", cudaGetErrorString(err));
 }
 
-int64_t bench_mma_sync_peak(const at::Tensor& sink, int64_t num_blocks, int64_t iters) {
+int64_t bench_mma_sync_peak(const at::Tensor& sink, int64_t num_blocks, int64_t iters, const std::string& dtype) {
+  using sparse_mla::MmaPeakType;
+  TORCH_CHECK_VALUE(dtype == "bf16" || dtype == "e4m3", "dtype must be bf16 or e4m3, got '" + dtype + "'");
+  const MmaPeakType type = dtype == "e4m3" ? MmaPeakType::kE4m3 : MmaPeakType::kBf16;
   TORCH_CHECK_VALUE(sink.is_cuda() && sink.scalar_type() == at::kFloat &&
                         sink.numel() >= num_blocks * sparse_mla::kPeakWarpsPerBlock,
                     "sink must be a CUDA float32 tensor of num_blocks * 8 elements");
   const c10::cuda::CUDAGuard guard(sink.device());
   const cudaError_t err = sparse_mla::launch_mma_sync_peak(sink.data_ptr<float>(), static_cast<int>(num_blocks),
-                                                           static_cast<int>(iters), at::cuda::getCurrentCUDAStream());
+                                                           static_cast<int>(iters), type,
+                                                           at::cuda::getCurrentCUDAStream());
+  if (type == MmaPeakType::kE4m3) {
+    // NotImplementedError: callers that measure every peak the GPU has skip e4m3 where it is missing.
+    TORCH_CHECK_NOT_IMPLEMENTED(err != cudaErrorNotSupported,
+                                "bench_mma_sync_peak: dtype e4m3 needs a GPU of compute capability 8.9 or newer "
+                                "(mma.sync e4m3)");
+    TORCH_CHECK_NOT_IMPLEMENTED(err != cudaErrorNoKernelImageForDevice,
+                                "bench_mma_sync_peak: dtype e4m3 needs an sm_89 or newer build for this GPU; the "
+                                "library was built for " SPARSE_MLA_TARGETS " (GLM53_ARCHS)");
+  }
   TORCH_CHECK(err == cudaSuccess, "bench_mma_sync_peak: ", cudaGetErrorString(err));
-  // FLOPs performed: 2 * 16 * 8 * 16 per MMA.
-  return num_blocks * sparse_mla::kPeakWarpsPerBlock * iters * sparse_mla::kPeakMmasPerIter * int64_t{4096};
+  return num_blocks * sparse_mla::kPeakWarpsPerBlock * iters * sparse_mla::kPeakMmasPerIter *
+         sparse_mla::peak_flop_per_mma(type);
 }
 
 int64_t workspace_size(int64_t num_sms) { return sparse_mla::workspace_size(static_cast<int>(num_sms)); }
@@ -258,7 +271,8 @@ TORCH_LIBRARY(sparse_mla_bw, m) {
   m.def("format_constants() -> int[]", &format_constants);
   m.def("compiled_targets() -> str", &compiled_targets);
   m.def("bench_gather_rows(Tensor rows, Tensor indices, Tensor(a!) checksum) -> ()", &bench_gather_rows);
-  m.def("bench_mma_sync_peak(Tensor(a!) sink, int num_blocks, int iters) -> int", &bench_mma_sync_peak);
+  m.def("bench_mma_sync_peak(Tensor(a!) sink, int num_blocks, int iters, str dtype=\"bf16\") -> int",
+        &bench_mma_sync_peak);
 }
 
 TORCH_LIBRARY_IMPL(sparse_mla_bw, CUDA, m) {

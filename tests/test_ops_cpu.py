@@ -5,6 +5,7 @@ constants shared between C++ and Python."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import subprocess
@@ -512,6 +513,96 @@ def test_bench_refuses_unknown_names_before_looking_for_a_gpu():
     assert bench.main(models=("GLM-6",)) == 2
     if not torch.cuda.is_available():  # e2e's lower-case spelling is a known model: on to "no GPU"
         assert bench.main(models=("deepseek-v3.2",)) == 3
+
+
+def test_mma_peak_op_names_a_bad_dtype_before_looking_at_the_device():
+    op = torch.ops.sparse_mla_bw.bench_mma_sync_peak
+    assert op.default._schema.arguments[-1].default_value == "bf16"
+    for bad in ("fp8", "E4M3", ""):
+        with pytest.raises(ValueError, match=f"dtype must be bf16 or e4m3, got '{bad}'"):
+            op(torch.zeros(8), 1, 1, bad)
+    with pytest.raises(ValueError, match="sink must be a CUDA float32 tensor"):  # a good dtype: on to the sink
+        op(torch.zeros(8), 1, 1, "e4m3")
+
+
+def test_bench_mma_peak_is_none_where_the_op_has_no_e4m3(monkeypatch):
+    """measure_mma_peak turns the op's FLOPs and time into TFLOP/s, and its NotImplementedError (a GPU
+    below 8.9, or a build without an sm_89+ image for it) into None, before timing anything."""
+    from types import SimpleNamespace
+
+    from vllm_sparse_mla_blackwell import bench
+
+    calls = []
+
+    def fake_op(sink, blocks, iters, dtype):
+        calls.append((sink.numel(), blocks, iters, dtype))
+        if dtype == "e4m3":
+            raise NotImplementedError("bench_mma_sync_peak: dtype e4m3 needs a GPU of compute capability 8.9")
+        return blocks * 8 * iters * 8 * 4096
+
+    monkeypatch.setattr(torch.ops.sparse_mla_bw, "bench_mma_sync_peak", fake_op)
+    monkeypatch.setattr(bench.torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=2))
+
+    def fake_median_ms(fn, reps, sets):
+        fn(0)
+        return 2.0
+
+    monkeypatch.setattr(bench, "_median_ms", fake_median_ms)
+    assert bench.measure_mma_peak("cpu", "e4m3") is None
+    assert calls == [(64, 8, 20000, "e4m3")]  # refused on the first call, nothing timed
+    assert bench.measure_mma_peak("cpu") == pytest.approx(8 * 8 * 20000 * 8 * 4096 / 2e-3 / 1e12)
+    assert [c[3] for c in calls[1:]] == ["bf16", "bf16"]
+
+
+def _table_cells(table) -> tuple[str, list[list[str]]]:
+    """The rendered title and the cells of each line of a rich table (header first)."""
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    Console(file=out, width=600, color_system=None).print(table)
+    lines = out.getvalue().splitlines()
+    cells = [[c.strip() for c in re.split("[│┃]", line)[1:-1]] for line in lines if len(re.findall("[│┃]", line)) > 2]
+    return lines[0].strip(), cells
+
+
+def test_bench_table_reports_fp8_rows_against_the_e4m3_peak():
+    from vllm_sparse_mla_blackwell import bench
+
+    def row(kv, tflops, e4m3_frac=None):
+        return bench.Row("DeepSeek-V3.2", 576, 128, 2048, 1024, kv, 100.0, 50.0, 1000.0, 0.5, tflops, tflops / 650,
+                         e4m3_frac=e4m3_frac, fp8_over_bf16=None if kv == "bf16" else 1.25)
+
+    rows = [row("bf16", 195.0), row("fp8_e4m3", 260.0, 260.0 / 1300), row("fp8_ds_mla", 130.0, 130.0 / 1300)]
+    meta = dict(device="GPU", date="2026-12-02", mma_sync_peak_tflops=650.0, mma_sync_e4m3_peak_tflops=1300.0)
+    title, cells = _table_cells(bench.results_table(rows, meta))
+    assert "mma.sync bf16 peak 650 TFLOP/s, e4m3 peak 1300 TFLOP/s (measured)" in title
+    header = cells[0]
+    by_kv = {c[header.index("kv")]: c for c in cells[1:]}
+    assert {kv: c[header.index("% bf16 mma")] for kv, c in by_kv.items()} == {
+        "bf16": "30", "fp8_e4m3": "40", "fp8_ds_mla": "20"}
+    assert {kv: c[header.index("% e4m3 mma")] for kv, c in by_kv.items()} == {
+        "bf16": "", "fp8_e4m3": "20", "fp8_ds_mla": "10"}
+    assert by_kv["fp8_e4m3"][header.index("fp8 speed-up")] == "1.25"
+
+
+def test_bench_table_reads_a_bench_json_from_before_the_e4m3_peak():
+    """Older files have no mma_sync_e4m3_peak_tflops, and rows without e4m3_frac (or peer fields)."""
+    from pathlib import Path
+
+    from vllm_sparse_mla_blackwell import bench
+
+    path = Path(__file__).parents[1] / "bench/results/2026-11-29-h200-v1/bench.json"
+    data = json.loads(path.read_text())
+    assert "mma_sync_e4m3_peak_tflops" not in data["meta"] and "e4m3_frac" not in data["rows"][0]
+    rows = [bench.Row(**r) for r in data["rows"]]
+    title, cells = _table_cells(bench.results_table(rows, data["meta"]))
+    assert "mma.sync bf16 peak 645 TFLOP/s, e4m3 peak not measured (measured), 2026-11-29" in title
+    header = cells[0]
+    assert len(cells) == 1 + len(rows) == 148
+    assert {c[header.index("% e4m3 mma")] for c in cells[1:]} == {""}
+    assert {c[header.index("% bf16 mma")] for c in cells[1:]} != {""}
 
 
 def test_case_inputs_are_the_same_in_every_process(same_package_env):

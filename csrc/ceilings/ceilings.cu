@@ -27,6 +27,7 @@ __global__ void __launch_bounds__(kGatherThreads)
   if (acc == 0x9e3779b9u) checksum[(blockIdx.y * gridDim.x + blockIdx.x) % checksum_len] = acc;  // ~never
 }
 
+template <MmaPeakType kType>
 __global__ void __launch_bounds__(kPeakWarpsPerBlock * 32) mma_peak_kernel(float* sink, int iters) {
   // Operands come from the thread index so the compiler cannot fold them.
   const uint32_t x = 0x3f803f80u ^ (threadIdx.x & 1);
@@ -34,12 +35,38 @@ __global__ void __launch_bounds__(kPeakWarpsPerBlock * 32) mma_peak_kernel(float
   float acc[kPeakMmasPerIter][4] = {};
   for (int it = 0; it < iters; ++it) {
 #pragma unroll
-    for (int m = 0; m < kPeakMmasPerIter; ++m) mma_16816<__nv_bfloat16>(acc[m], a, x, x ^ 4u);
+    for (int m = 0; m < kPeakMmasPerIter; ++m) {
+      if constexpr (kType == MmaPeakType::kE4m3) {
+        // sm_90 has no e4m3 MMA: ptxas emulates it (e4m3 -> f16, two HMMA.16816, FADD) and hoists
+        // repeated products out of the loop, so every MMA gets operands of its own (bytes XORed with
+        // less than 0x40: never NaN).
+        const uint32_t v = m | (it & 63) << 8;
+        const uint32_t am[4] = {a[0] ^ v, a[1] ^ v, a[2] ^ v, a[3] ^ v};
+        mma_16832_e4m3(acc[m], am, x ^ 4u ^ v, x ^ 5u ^ v);
+      } else {
+        mma_16816<__nv_bfloat16>(acc[m], a, x, x ^ 4u);
+      }
+    }
   }
   float s = 0.f;
 #pragma unroll
   for (int m = 0; m < kPeakMmasPerIter; ++m) s += acc[m][0] + acc[m][1] + acc[m][2] + acc[m][3];
   if (s == 1.2345f) sink[blockIdx.x * kPeakWarpsPerBlock + threadIdx.x / 32] = s;  // keeps acc live
+}
+
+// Whether the current GPU can run the e4m3 loop: the instruction needs sm_89+, and the image the
+// GPU loads must be compiled for such a target (a build for sm_80 alone also runs on an sm_89).
+cudaError_t check_e4m3_mma() {
+  int device = 0, major = 0, minor = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (err != cudaSuccess) return err;
+  if (10 * major + minor < 89) return cudaErrorNotSupported;
+  cudaFuncAttributes attr{};
+  err = cudaFuncGetAttributes(&attr, mma_peak_kernel<MmaPeakType::kE4m3>);
+  if (err != cudaSuccess) return err;
+  return attr.ptxVersion >= 89 ? cudaSuccess : cudaErrorNoKernelImageForDevice;
 }
 
 }  // namespace
@@ -53,8 +80,14 @@ cudaError_t launch_gather_rows(const uint8_t* rows, int64_t row_stride, int row_
   return cudaGetLastError();
 }
 
-cudaError_t launch_mma_sync_peak(float* sink, int num_blocks, int iters, cudaStream_t stream) {
-  mma_peak_kernel<<<num_blocks, kPeakWarpsPerBlock * 32, 0, stream>>>(sink, iters);
+cudaError_t launch_mma_sync_peak(float* sink, int num_blocks, int iters, MmaPeakType type, cudaStream_t stream) {
+  if (type == MmaPeakType::kE4m3) {
+    const cudaError_t err = check_e4m3_mma();
+    if (err != cudaSuccess) return err;
+    mma_peak_kernel<MmaPeakType::kE4m3><<<num_blocks, kPeakWarpsPerBlock * 32, 0, stream>>>(sink, iters);
+  } else {
+    mma_peak_kernel<MmaPeakType::kBf16><<<num_blocks, kPeakWarpsPerBlock * 32, 0, stream>>>(sink, iters);
+  }
   return cudaGetLastError();
 }
 

@@ -1,5 +1,5 @@
-// Warp-level primitives of the sm_80+ path: cp.async, ldmatrix, mma.sync.m16n8k16. Inline PTX so
-// the same source builds for sm_80 .. sm_121a without CUTLASS.
+// Warp-level primitives of the sm_80+ path: cp.async, ldmatrix, mma.sync.m16n8k16 (and the sm_89+
+// e4m3 m16n8k32). Inline PTX so the same source builds for sm_80 .. sm_121a without CUTLASS.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -55,6 +55,21 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+}
+
+// D (16x8 fp32) += A (16x32 e4m3, row) * B (32x8 e4m3, col): the fp8 MMA, twice mma_16816's k per
+// instruction. PTX has it from sm_89 only; older targets compile a trap, so callers check the GPU
+// (and the image it runs) first.
+__device__ __forceinline__ void mma_16832_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
 }
 
 // Two floats -> packed pair of Element (round to nearest).

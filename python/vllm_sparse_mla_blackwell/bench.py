@@ -5,13 +5,17 @@ For every shape (model x heads x query tokens) and cache dtype it times the kern
 it, in a CUDA graph of back-to-back calls (median of 5 replays after ~50 ms of warm-up; index
 sets rotated so that calls do not hit each other's rows in L2; about a second of idle before
 each (shape, cache dtype) timing, as a GPU slows under sustained load: bench/HISTORY.md v16), and
-in the same run measures the two ceilings with the project's own kernels: the random-row gather
-of the same rows at the same slots, and the mma.sync bf16 peak. It prints a table and writes a
-JSON file and a roofline PNG.
+in the same run measures the ceilings with the project's own kernels: the random-row gather of
+the same rows at the same slots, and the mma.sync bf16 peak and, on GPUs of compute capability 8.9
+or newer, the mma.sync e4m3 one (sm_90 has no e4m3 MMA: there ptxas emulates it with
+conversions and f16 MMAs, and the peak measures that). It prints a table and writes a JSON file
+(run metadata ``mma_sync_peak_tflops``, ``mma_sync_e4m3_peak_tflops``: None where not measured
+or, in older files, absent) and a roofline PNG.
 
 Reported per shape: µs, gathered GB/s (T·topk·row_bytes / time) and its fraction of the gather
-ceiling, TFLOP/s (2·T·H·topk·(D+512)) and its fraction of the mma.sync peak, fp8/bf16 time
-ratio, and the speed-up over the naive PyTorch formulation (index_select + einsum + softmax).
+ceiling, TFLOP/s (2·T·H·topk·(D+512)) and its fraction of the bf16 mma.sync peak (for the fp8
+caches also of the e4m3 one), fp8/bf16 time ratio, and the speed-up over the naive PyTorch
+formulation (index_select + einsum + softmax).
 Where vLLM is installed and the GPU has them, vLLM's own sparse-MLA kernels are timed the same way
 on the same cache rows and indices (``PEERS``), each checked against this kernel's output first.
 """
@@ -54,7 +58,8 @@ class Row:
     gathered_gbps: float
     gather_frac: float
     tflops: float
-    mma_frac: float
+    mma_frac: float  # of the bf16 mma.sync peak
+    e4m3_frac: float | None = None  # of the e4m3 one: fp8 caches on GPUs that have it
     fp8_over_bf16: float | None = None
     naive_us: float | None = None
     peer_us: dict[str, float] = dataclasses.field(default_factory=dict)  # vLLM kernel -> µs
@@ -97,14 +102,19 @@ def _reps(estimate_ms: float) -> int:
     return int(min(200, max(4, 20 / max(estimate_ms, 1e-3))))
 
 
-def measure_mma_peak(device) -> float:
-    """mma.sync m16n8k16 bf16 peak in TFLOP/s, register-only loop on every SM."""
+def measure_mma_peak(device, dtype: str = "bf16") -> float | None:
+    """mma.sync peak in TFLOP/s of ``dtype``: "bf16" (m16n8k16) or "e4m3" (m16n8k32), fp32
+    accumulators, register-only loop on every SM. None for e4m3 where the GPU (compute capability
+    below 8.9) or the library's build for it has no e4m3 MMA."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     blocks = sms * 4
     sink = torch.zeros(blocks * 8, device=device)
     iters = 20000
-    flops = torch.ops.sparse_mla_bw.bench_mma_sync_peak(sink, blocks, iters)
-    ms = _median_ms(lambda _: torch.ops.sparse_mla_bw.bench_mma_sync_peak(sink, blocks, iters), 4, 1)
+    try:
+        flops = torch.ops.sparse_mla_bw.bench_mma_sync_peak(sink, blocks, iters, dtype)
+    except NotImplementedError:  # raised before anything is launched
+        return None
+    ms = _median_ms(lambda _: torch.ops.sparse_mla_bw.bench_mma_sync_peak(sink, blocks, iters, dtype), 4, 1)
     return flops / (ms * 1e-3) / 1e12
 
 
@@ -240,10 +250,11 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
     T <= 64 (bf16 only), ``peers`` vLLM's kernels where they run (PEERS). ``progress`` wraps the
     shape list (e.g. ``rich.progress.track``).
     Returns the rows (µs, GB/s, TFLOP/s and their fractions of the ceilings) and run metadata
-    (device, measured mma.sync peak, date)."""
+    (device, measured mma.sync bf16 and e4m3 peaks, date)."""
     device = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(device)
     mma_peak = measure_mma_peak(device)
+    e4m3_peak = measure_mma_peak(device, "e4m3")
     rows_out: list[Row] = []
     gen = torch.Generator(device=device).manual_seed(1)
     checksum = torch.zeros(1024, dtype=torch.int32, device=device)
@@ -283,6 +294,8 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
             tflops = flops / (ms * 1e-3) / 1e12
             row = Row(model, head_size, num_heads, topk, num_tokens, kv_dtype, ms * 1e3, gms * 1e3,
                       nbytes / (ms * 1e-3) / 1e9, gms / ms, tflops, tflops / mma_peak)
+            if kv_dtype.startswith("fp8") and e4m3_peak is not None:
+                row.e4m3_frac = tflops / e4m3_peak
             if kv_dtype.startswith("fp8") and "bf16" in by_dtype:
                 row.fp8_over_bf16 = by_dtype["bf16"].us / row.us
             if naive and kv_dtype == "bf16" and num_tokens <= NAIVE_MAX_TOKENS:
@@ -295,8 +308,8 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
             by_dtype[kv_dtype] = row
             rows_out.append(row)
     meta = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__,
-                mma_sync_peak_tflops=mma_peak, pool_rows=POOL_ROWS, date=time.strftime("%Y-%m-%d"),
-                peers_not_run=peer_notes)
+                mma_sync_peak_tflops=mma_peak, mma_sync_e4m3_peak_tflops=e4m3_peak, pool_rows=POOL_ROWS,
+                date=time.strftime("%Y-%m-%d"), peers_not_run=peer_notes)
     return rows_out, meta
 
 
@@ -312,6 +325,10 @@ def roofline_png(rows: list[Row], meta: dict, path: str) -> None:
     xs = [10 ** (i / 20) for i in range(-20, 81)]
     ax.plot(xs, [min(meta["mma_sync_peak_tflops"], x * gather_peak / 1e3) for x in xs], "k-",
             label=f"roofline: gather {gather_peak:.0f} GB/s, mma.sync {meta['mma_sync_peak_tflops']:.0f} TFLOP/s")
+    e4m3_peak = meta.get("mma_sync_e4m3_peak_tflops")  # absent in older files
+    if e4m3_peak is not None:
+        ax.plot(xs, [min(e4m3_peak, x * gather_peak / 1e3) for x in xs], "k--",
+                label=f"the fp8 caches' roof: mma.sync e4m3 {e4m3_peak:.0f} TFLOP/s")
     markers = {"bf16": "o", "fp16": "D", "fp8_e4m3": "s", "fp8_ds_mla": "^"}
     for r in rows:
         intensity = 2.0 * r.num_heads * (r.head_size + 512) / formats.kv_row_bytes(
@@ -330,6 +347,33 @@ def roofline_png(rows: list[Row], meta: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _percent(frac: float | None) -> str:
+    return "" if frac is None else f"{100 * frac:.0f}"
+
+
+def results_table(rows: list[Row], meta: dict):
+    """The printed table: one line per row under a title with the measured peaks (``meta`` of
+    ``run`` or of a bench JSON file, older ones without the e4m3 peak included)."""
+    from rich.table import Table
+
+    e4m3_peak = meta.get("mma_sync_e4m3_peak_tflops")
+    e4m3 = "not measured" if e4m3_peak is None else f"{e4m3_peak:.0f} TFLOP/s"
+    table = Table(title=f"sparse-MLA on {meta['device']}, mma.sync bf16 peak {meta['mma_sync_peak_tflops']:.0f} TFLOP/s, "
+                        f"e4m3 peak {e4m3} (measured), {meta['date']}")
+    for col in ("model", "H", "T", "kv", "µs", "gather µs", "GB/s", "% gather", "TFLOP/s", "% bf16 mma", "% e4m3 mma",
+                "fp8 speed-up", "naive µs", "x naive", "vLLM kernel µs (its time / ours; differs from ours by)"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r.model, str(r.num_heads), str(r.num_tokens), r.kv_cache_dtype, f"{r.us:.1f}", f"{r.gather_us:.1f}",
+                      f"{r.gathered_gbps:.0f}", _percent(r.gather_frac), f"{r.tflops:.1f}", _percent(r.mma_frac),
+                      _percent(r.e4m3_frac), "" if r.fp8_over_bf16 is None else f"{r.fp8_over_bf16:.2f}",
+                      "" if r.naive_us is None else f"{r.naive_us:.0f}",
+                      "" if r.naive_us is None else f"{r.naive_us / r.us:.0f}",
+                      "; ".join(f"{k} {v:.1f} ({v / r.us:.2f}; {r.peer_rel_err.get(k, math.nan):.1e})"
+                                for k, v in r.peer_us.items()))
+    return table
+
+
 def main(json_path: str = "bench.json", png_path: str = "bench_roofline.png", quick: bool = False,
          tokens: tuple[int, ...] | None = None, kv_dtypes: tuple[str, ...] | None = None,
          models: tuple[str, ...] | None = None, naive: bool = True, peers: bool = True) -> int:
@@ -339,7 +383,6 @@ def main(json_path: str = "bench.json", png_path: str = "bench_roofline.png", qu
     run on this GPU, 2 an unknown model or cache dtype, 3 no GPU."""
     from rich.console import Console
     from rich.progress import track
-    from rich.table import Table
 
     console = Console()
     kv_dtypes = None if kv_dtypes is None else tuple(KV_ALIASES.get(k, k) for k in kv_dtypes)
@@ -369,19 +412,7 @@ def main(json_path: str = "bench.json", png_path: str = "bench_roofline.png", qu
     rows, meta = run(models={m: MODELS[m] for m in (models or MODELS)}, tokens=tokens, kv_dtypes=kv_dtypes,
                      idle_s=0.2 if quick else 1.0, naive=naive, peers=peers,
                      progress=lambda s: track(s, description="shapes", console=console))
-    table = Table(title=f"sparse-MLA on {meta['device']}, mma.sync bf16 peak {meta['mma_sync_peak_tflops']:.0f} TFLOP/s "
-                        f"(measured), {meta['date']}")
-    for col in ("model", "H", "T", "kv", "µs", "gather µs", "GB/s", "% gather", "TFLOP/s", "% mma", "fp8 speed-up",
-                "naive µs", "x naive", "vLLM kernel µs (its time / ours; differs from ours by)"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(r.model, str(r.num_heads), str(r.num_tokens), r.kv_cache_dtype, f"{r.us:.1f}", f"{r.gather_us:.1f}",
-                      f"{r.gathered_gbps:.0f}", f"{100 * r.gather_frac:.0f}", f"{r.tflops:.1f}", f"{100 * r.mma_frac:.0f}",
-                      "" if r.fp8_over_bf16 is None else f"{r.fp8_over_bf16:.2f}",
-                      "" if r.naive_us is None else f"{r.naive_us:.0f}",
-                      "" if r.naive_us is None else f"{r.naive_us / r.us:.0f}",
-                      "; ".join(f"{k} {v:.1f} ({v / r.us:.2f}; {r.peer_rel_err.get(k, math.nan):.1e})"
-                                for k, v in r.peer_us.items()))
+    table = results_table(rows, meta)
     console.print(table)
     for peer, why in meta["peers_not_run"].items():
         console.print(f"not timed: {peer}: {why}")
