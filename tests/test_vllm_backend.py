@@ -95,6 +95,13 @@ _PLUGIN_PROBE = textwrap.dedent(
     result["registered_with_env"] = member is not None
     result["resolves_to"] = member.get_class().__qualname__ if member else None
     result["log_lines"] = lines
+    # vLLM's strict check of VLLM_* variables (--fail-on-environ-validation) knows ours now.
+    from vllm.platforms.interface import Platform
+    try:
+        Platform.validate_environ(hard_fail=True)
+        result["environ_error"] = None
+    except ValueError as exc:
+        result["environ_error"] = str(exc)
     print("RESULT " + json.dumps(result))
     """
 )
@@ -148,6 +155,7 @@ def test_entry_point_loaded_by_vllm_and_inert_without_variable(tmp_path):
     ours = [line for line in result["log_lines"] if "vllm_sparse_mla_blackwell" in line]
     assert len(ours) == 1, result["log_lines"]
     assert BACKEND_NAME in ours[0]
+    assert result["environ_error"] is None
 
 
 _OLD_VLLM_PROBE = textwrap.dedent(

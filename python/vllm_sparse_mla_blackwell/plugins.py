@@ -30,6 +30,7 @@ def register_sparse_mla_backend() -> None:
     global _BACKEND_ERROR_LOGGED
     if os.environ.get(SPARSE_MLA_ENV, "0") not in ("1", "true", "True"):
         return
+    _declare_to_vllm(SPARSE_MLA_ENV)
     try:
         from vllm_sparse_mla_blackwell import backend
 
@@ -48,6 +49,19 @@ def register_sparse_mla_backend() -> None:
                 type(exc).__name__,
                 exc,
             )
+
+
+def _declare_to_vllm(name: str) -> None:
+    """Add ``name`` to vLLM's table of its environment variables (``vllm.envs.environment_variables``),
+    which its check of ``VLLM_*`` variables reads (``Platform.validate_environ``): else every
+    process warns "Unknown vLLM environment variable", and ``--fail-on-environ-validation``
+    refuses to start. Idempotent; never raises."""
+    try:
+        from vllm import envs
+
+        envs.environment_variables.setdefault(name, lambda: os.environ.get(name))
+    except Exception:  # noqa: BLE001 - an older or newer vLLM without the table: only the warning stays
+        pass
 
 
 def _vllm_version() -> str | None:
@@ -75,6 +89,7 @@ def register_moe_input_scale_fix() -> None:
     value = os.environ.get(MOE_INPUT_SCALE_ENV)
     if value is None or value == "":
         return
+    _declare_to_vllm(MOE_INPUT_SCALE_ENV)
     from vllm_sparse_mla_blackwell import moe_fix
 
     moe_fix.register(value)
