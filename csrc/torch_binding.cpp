@@ -181,8 +181,11 @@ void bench_gather_rows(const at::Tensor& rows, const at::Tensor& indices, const 
 
 int64_t bench_mma_sync_peak(const at::Tensor& sink, int64_t num_blocks, int64_t iters, const std::string& dtype) {
   using sparse_mla::MmaPeakType;
-  TORCH_CHECK_VALUE(dtype == "bf16" || dtype == "e4m3", "dtype must be bf16 or e4m3, got '" + dtype + "'");
-  const MmaPeakType type = dtype == "e4m3" ? MmaPeakType::kE4m3 : MmaPeakType::kBf16;
+  TORCH_CHECK_VALUE(dtype == "bf16" || dtype == "fp16" || dtype == "e4m3",
+                    "dtype must be bf16, fp16 or e4m3, got '" + dtype + "'");
+  const MmaPeakType type = dtype == "e4m3"   ? MmaPeakType::kE4m3
+                           : dtype == "fp16" ? MmaPeakType::kFp16
+                                             : MmaPeakType::kBf16;
   TORCH_CHECK_VALUE(sink.is_cuda() && sink.scalar_type() == at::kFloat &&
                         sink.numel() >= num_blocks * sparse_mla::kPeakWarpsPerBlock,
                     "sink must be a CUDA float32 tensor of num_blocks * 8 elements");

@@ -1,5 +1,5 @@
-"""GPU tests of bench's mma.sync ceilings (marker ``gpu``; skipped without CUDA): the bf16 peak
-everywhere, the e4m3 one from compute capability 8.9, refused below it."""
+"""GPU tests of bench's mma.sync ceilings (marker ``gpu``; skipped without CUDA): the bf16 and fp16
+peaks everywhere, the e4m3 one from compute capability 8.9, refused below it."""
 
 from __future__ import annotations
 
@@ -30,15 +30,23 @@ def test_e4m3_peak_is_measured_from_compute_capability_8_9(device):
     assert e4m3 is not None and 0 < e4m3 < 4 * bf16, (e4m3, bf16)
 
 
+def test_fp16_peak_is_measured_beside_bf16(device):
+    # The same m16n8k16 shape on the same pipe: far from bf16's figure means a broken loop
+    # (hoisted MMAs would read far above it, a wrong type far below).
+    bf16 = bench.measure_mma_peak(device)
+    fp16 = bench.measure_mma_peak(device, "fp16")
+    assert fp16 is not None and bf16 / 4 < fp16 < 4 * bf16, (fp16, bf16)
+
+
 def test_e4m3_op_counts_its_flops_or_names_the_missing_mma(device):
     op = torch.ops.sparse_mla_bw.bench_mma_sync_peak
     sink = torch.zeros(2 * 8, device=device)
-    assert op(sink, 2, 3) == 2 * 8 * 3 * 8 * (2 * 16 * 8 * 16)
+    assert op(sink, 2, 3) == op(sink, 2, 3, "fp16") == 2 * 8 * 3 * 8 * (2 * 16 * 8 * 16)
     if torch.cuda.get_device_capability(device) < (8, 9):
         with pytest.raises(NotImplementedError, match="dtype e4m3 needs a GPU of compute capability 8.9"):
             op(sink, 2, 3, "e4m3")
     else:
         assert op(sink, 2, 3, "e4m3") == 2 * 8 * 3 * 8 * (2 * 16 * 8 * 32)
     torch.cuda.synchronize(device)  # the launches (or the refusal) left no error behind
-    with pytest.raises(ValueError, match="dtype must be bf16 or e4m3, got 'e5m2'"):
+    with pytest.raises(ValueError, match="dtype must be bf16, fp16 or e4m3, got 'e5m2'"):
         op(sink, 2, 3, "e5m2")

@@ -518,11 +518,12 @@ def test_bench_refuses_unknown_names_before_looking_for_a_gpu():
 def test_mma_peak_op_names_a_bad_dtype_before_looking_at_the_device():
     op = torch.ops.sparse_mla_bw.bench_mma_sync_peak
     assert op.default._schema.arguments[-1].default_value == "bf16"
-    for bad in ("fp8", "E4M3", ""):
-        with pytest.raises(ValueError, match=f"dtype must be bf16 or e4m3, got '{bad}'"):
+    for bad in ("fp8", "E4M3", "half", ""):
+        with pytest.raises(ValueError, match=f"dtype must be bf16, fp16 or e4m3, got '{bad}'"):
             op(torch.zeros(8), 1, 1, bad)
-    with pytest.raises(ValueError, match="sink must be a CUDA float32 tensor"):  # a good dtype: on to the sink
-        op(torch.zeros(8), 1, 1, "e4m3")
+    for good in ("fp16", "e4m3"):  # a good dtype: on to the sink
+        with pytest.raises(ValueError, match="sink must be a CUDA float32 tensor"):
+            op(torch.zeros(8), 1, 1, good)
 
 
 def test_bench_mma_peak_is_none_where_the_op_has_no_e4m3(monkeypatch):
@@ -575,9 +576,10 @@ def test_bench_table_reports_fp8_rows_against_the_e4m3_peak():
                          e4m3_frac=e4m3_frac, fp8_over_bf16=None if kv == "bf16" else 1.25)
 
     rows = [row("bf16", 195.0), row("fp8_e4m3", 260.0, 260.0 / 1300), row("fp8_ds_mla", 130.0, 130.0 / 1300)]
-    meta = dict(device="GPU", date="2026-12-02", mma_sync_peak_tflops=650.0, mma_sync_e4m3_peak_tflops=1300.0)
+    meta = dict(device="GPU", date="2026-12-02", mma_sync_peak_tflops=650.0, mma_sync_fp16_peak_tflops=660.0,
+                mma_sync_e4m3_peak_tflops=1300.0)
     title, cells = _table_cells(bench.results_table(rows, meta))
-    assert "mma.sync bf16 peak 650 TFLOP/s, e4m3 peak 1300 TFLOP/s (measured)" in title
+    assert "mma.sync bf16 peak 650 TFLOP/s, fp16 peak 660 TFLOP/s, e4m3 peak 1300 TFLOP/s (measured)" in title
     header = cells[0]
     by_kv = {c[header.index("kv")]: c for c in cells[1:]}
     assert {kv: c[header.index("% bf16 mma")] for kv, c in by_kv.items()} == {
@@ -598,7 +600,7 @@ def test_bench_table_reads_a_bench_json_from_before_the_e4m3_peak():
     assert "mma_sync_e4m3_peak_tflops" not in data["meta"] and "e4m3_frac" not in data["rows"][0]
     rows = [bench.Row(**r) for r in data["rows"]]
     title, cells = _table_cells(bench.results_table(rows, data["meta"]))
-    assert "mma.sync bf16 peak 645 TFLOP/s, e4m3 peak not measured (measured), 2026-11-29" in title
+    assert "mma.sync bf16 peak 645 TFLOP/s, fp16 peak not measured, e4m3 peak not measured (measured), 2026-11-29" in title
     header = cells[0]
     assert len(cells) == 1 + len(rows) == 148
     assert {c[header.index("% e4m3 mma")] for c in cells[1:]} == {""}

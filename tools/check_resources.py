@@ -55,7 +55,7 @@ def short_name(demangled: str) -> tuple[str, int]:
     name = demangled.replace("(anonymous namespace)::", "").replace("sparse_mla::", "")
     for value, fmt in enumerate(("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla")):
         name = name.replace(f"(KvFormat){value}", f"{fmt} cache")
-    for value, mma in enumerate(("bf16", "e4m3")):  # the ceiling's MmaPeakType
+    for value, mma in enumerate(("bf16", "e4m3", "fp16")):  # the ceiling's MmaPeakType
         name = name.replace(f"(MmaPeakType){value}", mma)
     dyn = 0
     m = re.match(r".*?(sparse_mla_fwd_kernel)<SparseMlaFwdTraits<(.*?)>, (\d+)>", name)

@@ -1,5 +1,7 @@
 #include "ceilings.h"
 
+#include <type_traits>
+
 #include "../sparse_mla/mma_utils.cuh"
 
 namespace sparse_mla {
@@ -44,7 +46,7 @@ __global__ void __launch_bounds__(kPeakWarpsPerBlock * 32) mma_peak_kernel(float
         const uint32_t am[4] = {a[0] ^ v, a[1] ^ v, a[2] ^ v, a[3] ^ v};
         mma_16832_e4m3(acc[m], am, x ^ 4u ^ v, x ^ 5u ^ v);
       } else {
-        mma_16816<__nv_bfloat16>(acc[m], a, x, x ^ 4u);
+        mma_16816<std::conditional_t<kType == MmaPeakType::kFp16, __half, __nv_bfloat16>>(acc[m], a, x, x ^ 4u);
       }
     }
   }
@@ -85,6 +87,8 @@ cudaError_t launch_mma_sync_peak(float* sink, int num_blocks, int iters, MmaPeak
     const cudaError_t err = check_e4m3_mma();
     if (err != cudaSuccess) return err;
     mma_peak_kernel<MmaPeakType::kE4m3><<<num_blocks, kPeakWarpsPerBlock * 32, 0, stream>>>(sink, iters);
+  } else if (type == MmaPeakType::kFp16) {
+    mma_peak_kernel<MmaPeakType::kFp16><<<num_blocks, kPeakWarpsPerBlock * 32, 0, stream>>>(sink, iters);
   } else {
     mma_peak_kernel<MmaPeakType::kBf16><<<num_blocks, kPeakWarpsPerBlock * 32, 0, stream>>>(sink, iters);
   }

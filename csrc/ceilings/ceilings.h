@@ -15,8 +15,9 @@ cudaError_t launch_gather_rows(const uint8_t* rows, int64_t row_stride, int row_
                                int num_tokens, int topk, uint32_t* checksum, int checksum_len,
                                cudaStream_t stream);
 
-// The MMA a peak is measured for: bf16 m16n8k16 (sm_80+) or e4m3 m16n8k32 (sm_89+).
-enum class MmaPeakType { kBf16, kE4m3 };
+// The MMA a peak is measured for: bf16 m16n8k16 (sm_80+), e4m3 m16n8k32 (sm_89+), or fp16
+// m16n8k16 (sm_80+: the fp16 cache's and the fp8 caches' MMA, beside bf16's).
+enum class MmaPeakType { kBf16, kE4m3, kFp16 };
 constexpr int64_t peak_flop_per_mma(MmaPeakType type) {
   return type == MmaPeakType::kE4m3 ? 2 * 16 * 8 * 32 : 2 * 16 * 8 * 16;  // 2 * m * n * k
 }

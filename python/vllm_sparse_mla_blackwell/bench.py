@@ -6,11 +6,12 @@ it, in a CUDA graph of back-to-back calls (median of 5 replays after ~50 ms of w
 sets rotated so that calls do not hit each other's rows in L2; about a second of idle before
 each (shape, cache dtype) timing, as a GPU slows under sustained load: bench/HISTORY.md v16), and
 in the same run measures the ceilings with the project's own kernels: the random-row gather of
-the same rows at the same slots, and the mma.sync bf16 peak and, on GPUs of compute capability 8.9
-or newer, the mma.sync e4m3 one (sm_90 has no e4m3 MMA: there ptxas emulates it with
-conversions and f16 MMAs, and the peak measures that). It prints a table and writes a JSON file
-(run metadata ``mma_sync_peak_tflops``, ``mma_sync_e4m3_peak_tflops``: None where not measured
-or, in older files, absent) and a roofline PNG.
+the same rows at the same slots, the mma.sync bf16 and fp16 peaks and, on GPUs of compute
+capability 8.9 or newer, the mma.sync e4m3 one (sm_90 has no e4m3 MMA: there ptxas emulates it
+with conversions and f16 MMAs, and the peak measures that). It prints a table and writes a JSON
+file (run metadata ``mma_sync_peak_tflops`` (bf16), ``mma_sync_fp16_peak_tflops``,
+``mma_sync_e4m3_peak_tflops``: None where not measured or, in older files, absent) and a
+roofline PNG.
 
 Reported per shape: µs, gathered GB/s (T·topk·row_bytes / time) and its fraction of the gather
 ceiling, TFLOP/s (2·T·H·topk·(D+512)) and its fraction of the bf16 mma.sync peak (for the fp8
@@ -103,9 +104,9 @@ def _reps(estimate_ms: float) -> int:
 
 
 def measure_mma_peak(device, dtype: str = "bf16") -> float | None:
-    """mma.sync peak in TFLOP/s of ``dtype``: "bf16" (m16n8k16) or "e4m3" (m16n8k32), fp32
-    accumulators, register-only loop on every SM. None for e4m3 where the GPU (compute capability
-    below 8.9) or the library's build for it has no e4m3 MMA."""
+    """mma.sync peak in TFLOP/s of ``dtype``: "bf16" or "fp16" (m16n8k16) or "e4m3" (m16n8k32),
+    fp32 accumulators, register-only loop on every SM. None for e4m3 where the GPU (compute
+    capability below 8.9) or the library's build for it has no e4m3 MMA."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     blocks = sms * 4
     sink = torch.zeros(blocks * 8, device=device)
@@ -254,6 +255,7 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
     device = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(device)
     mma_peak = measure_mma_peak(device)
+    fp16_peak = measure_mma_peak(device, "fp16")  # beside bf16's: the fp16 cache's and fp8's MMA
     e4m3_peak = measure_mma_peak(device, "e4m3")
     rows_out: list[Row] = []
     gen = torch.Generator(device=device).manual_seed(1)
@@ -308,7 +310,8 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
             by_dtype[kv_dtype] = row
             rows_out.append(row)
     meta = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__,
-                mma_sync_peak_tflops=mma_peak, mma_sync_e4m3_peak_tflops=e4m3_peak, pool_rows=POOL_ROWS,
+                mma_sync_peak_tflops=mma_peak, mma_sync_fp16_peak_tflops=fp16_peak,
+                mma_sync_e4m3_peak_tflops=e4m3_peak, pool_rows=POOL_ROWS,
                 date=time.strftime("%Y-%m-%d"), peers_not_run=peer_notes)
     return rows_out, meta
 
@@ -353,13 +356,16 @@ def _percent(frac: float | None) -> str:
 
 def results_table(rows: list[Row], meta: dict):
     """The printed table: one line per row under a title with the measured peaks (``meta`` of
-    ``run`` or of a bench JSON file, older ones without the e4m3 peak included)."""
+    ``run`` or of a bench JSON file, older ones without the fp16 and e4m3 peaks included)."""
     from rich.table import Table
 
-    e4m3_peak = meta.get("mma_sync_e4m3_peak_tflops")
-    e4m3 = "not measured" if e4m3_peak is None else f"{e4m3_peak:.0f} TFLOP/s"
+    def peak(key):
+        value = meta.get(key)
+        return "not measured" if value is None else f"{value:.0f} TFLOP/s"
+
     table = Table(title=f"sparse-MLA on {meta['device']}, mma.sync bf16 peak {meta['mma_sync_peak_tflops']:.0f} TFLOP/s, "
-                        f"e4m3 peak {e4m3} (measured), {meta['date']}")
+                        f"fp16 peak {peak('mma_sync_fp16_peak_tflops')}, e4m3 peak {peak('mma_sync_e4m3_peak_tflops')} "
+                        f"(measured), {meta['date']}")
     for col in ("model", "H", "T", "kv", "µs", "gather µs", "GB/s", "% gather", "TFLOP/s", "% bf16 mma", "% e4m3 mma",
                 "fp8 speed-up", "naive µs", "x naive", "vLLM kernel µs (its time / ours; differs from ours by)"):
         table.add_column(col, justify="right")
