@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -182,13 +183,21 @@ void bench_gather_rows(const at::Tensor& rows, const at::Tensor& indices, const 
 int64_t bench_mma_sync_peak(const at::Tensor& sink, int64_t num_blocks, int64_t iters, const std::string& dtype) {
   using sparse_mla::MmaPeakType;
   TORCH_CHECK_VALUE(dtype == "bf16" || dtype == "fp16" || dtype == "e4m3",
-                    "dtype must be bf16, fp16 or e4m3, got '" + dtype + "'");
+                    "bench_mma_sync_peak: dtype must be bf16, fp16 or e4m3, got '" + dtype + "'");
   const MmaPeakType type = dtype == "e4m3"   ? MmaPeakType::kE4m3
                            : dtype == "fp16" ? MmaPeakType::kFp16
                                              : MmaPeakType::kBf16;
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+  TORCH_CHECK_VALUE(num_blocks >= 1 && num_blocks <= kIntMax / sparse_mla::kPeakWarpsPerBlock,
+                    "bench_mma_sync_peak: num_blocks must be in [1, ", kIntMax / sparse_mla::kPeakWarpsPerBlock,
+                    "], got ", num_blocks);
+  TORCH_CHECK_VALUE(iters >= 1 && iters <= kIntMax, "bench_mma_sync_peak: iters must be in [1, ", kIntMax, "], got ",
+                    iters);
   TORCH_CHECK_VALUE(sink.is_cuda() && sink.scalar_type() == at::kFloat &&
                         sink.numel() >= num_blocks * sparse_mla::kPeakWarpsPerBlock,
-                    "sink must be a CUDA float32 tensor of num_blocks * 8 elements");
+                    "bench_mma_sync_peak: sink must be a CUDA float32 tensor of at least num_blocks * 8 = ",
+                    num_blocks * sparse_mla::kPeakWarpsPerBlock, " elements, got ", sink.scalar_type(), " ",
+                    sink.device(), " of ", sink.numel());
   const c10::cuda::CUDAGuard guard(sink.device());
   const cudaError_t err = sparse_mla::launch_mma_sync_peak(sink.data_ptr<float>(), static_cast<int>(num_blocks),
                                                            static_cast<int>(iters), type,

@@ -33,9 +33,10 @@ def test_matrix_subset(case):
     _check(verify.run_case(case, torch.device("cuda")))
 
 
-# Launches of more than 16 heads run in the planned blocks and in forced 32-head ones (None, 32):
-# for these 16-bit caches the planner gives 16-head blocks at decode (T = 1), 32-head ones above.
-@pytest.mark.parametrize("block_heads", [None, 32])
+# Launches of more than 16 heads run in the planned blocks and in forced 16- and 32-head ones:
+# for this 16-bit cache the planner gives 16-head blocks at decode (T = 1; planner.h
+# plan_head_groups), 32-head ones at T = 64.
+@pytest.mark.parametrize("block_heads", [None, 16, 32])
 @pytest.mark.parametrize("masking", ["random", "causal", "all_masked", "invalid", "topk_len"])
 @pytest.mark.parametrize("num_tokens", [1, 64])
 def test_masking_and_nan_poisoned_rows(masking, num_tokens, block_heads):
@@ -51,7 +52,7 @@ def test_strided_q_and_out(layout, kv, block_heads):
                                 block_heads=block_heads), torch.device("cuda")))
 
 
-@pytest.mark.parametrize("block_heads", [None, 32])
+@pytest.mark.parametrize("block_heads", [None, 16, 32])
 @pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3", "fp8_ds_mla"])
 @pytest.mark.parametrize("num_tokens", [1, 64])
 @pytest.mark.parametrize("head_size", [512, 576])

@@ -522,8 +522,15 @@ def test_mma_peak_op_names_a_bad_dtype_before_looking_at_the_device():
         with pytest.raises(ValueError, match=f"dtype must be bf16, fp16 or e4m3, got '{bad}'"):
             op(torch.zeros(8), 1, 1, bad)
     for good in ("fp16", "e4m3"):  # a good dtype: on to the sink
-        with pytest.raises(ValueError, match="sink must be a CUDA float32 tensor"):
+        with pytest.raises(ValueError, match="sink must be a CUDA float32 tensor of at least num_blocks"):
             op(torch.zeros(8), 1, 1, good)
+    # Counts out of int range: named before the sink or the device is looked at.
+    for num_blocks in (0, -1, 1 << 31):
+        with pytest.raises(ValueError, match=f"num_blocks must be in \\[1, 268435455\\], got {num_blocks}"):
+            op(torch.zeros(8), num_blocks, 1)
+    for iters in (0, -5, (1 << 32) + 1):
+        with pytest.raises(ValueError, match=f"iters must be in \\[1, 2147483647\\], got {iters}"):
+            op(torch.zeros(8), 1, iters)
 
 
 def test_bench_mma_peak_is_none_where_the_op_has_no_e4m3(monkeypatch):
@@ -579,7 +586,7 @@ def test_bench_table_reports_fp8_rows_against_the_e4m3_peak():
     meta = dict(device="GPU", date="2026-12-02", mma_sync_peak_tflops=650.0, mma_sync_fp16_peak_tflops=660.0,
                 mma_sync_e4m3_peak_tflops=1300.0)
     title, cells = _table_cells(bench.results_table(rows, meta))
-    assert "mma.sync bf16 peak 650 TFLOP/s, fp16 peak 660 TFLOP/s, e4m3 peak 1300 TFLOP/s (measured)" in title
+    assert "measured mma.sync peaks, TFLOP/s: bf16 650, fp16 660, e4m3 1300" in title and "emulated" not in title
     header = cells[0]
     by_kv = {c[header.index("kv")]: c for c in cells[1:]}
     assert {kv: c[header.index("% bf16 mma")] for kv, c in by_kv.items()} == {
@@ -587,6 +594,10 @@ def test_bench_table_reports_fp8_rows_against_the_e4m3_peak():
     assert {kv: c[header.index("% e4m3 mma")] for kv, c in by_kv.items()} == {
         "bf16": "", "fp8_e4m3": "20", "fp8_ds_mla": "10"}
     assert by_kv["fp8_e4m3"][header.index("fp8 speed-up")] == "1.25"
+    # sm_90's e4m3 figure is ptxas's emulation: printed as such, no row is reported against it.
+    meta.update(mma_sync_e4m3_peak_tflops=169.0, mma_sync_e4m3_emulated=True)
+    title, _ = _table_cells(bench.results_table(rows[:1], meta))
+    assert "e4m3 169 (emulated: conversions + f16 MMAs, not the fp8 rows' roof)" in title
 
 
 def test_bench_table_reads_a_bench_json_from_before_the_e4m3_peak():
@@ -600,7 +611,7 @@ def test_bench_table_reads_a_bench_json_from_before_the_e4m3_peak():
     assert "mma_sync_e4m3_peak_tflops" not in data["meta"] and "e4m3_frac" not in data["rows"][0]
     rows = [bench.Row(**r) for r in data["rows"]]
     title, cells = _table_cells(bench.results_table(rows, data["meta"]))
-    assert "mma.sync bf16 peak 645 TFLOP/s, fp16 peak not measured, e4m3 peak not measured (measured), 2026-11-29" in title
+    assert "2026-11-29; measured mma.sync peaks, TFLOP/s: bf16 645, fp16 not measured, e4m3 not measured" in title
     header = cells[0]
     assert len(cells) == 1 + len(rows) == 148
     assert {c[header.index("% e4m3 mma")] for c in cells[1:]} == {""}

@@ -79,6 +79,19 @@ _PLUGIN_PROBE = textwrap.dedent(
     load_general_plugins()
     result["registered_without_env"] = "SPARSE_MLA_BLACKWELL" in AttentionBackendEnum.__members__
     result["backend_imported_without_env"] = "vllm_sparse_mla_blackwell.backend" in sys.modules
+    # Switched off by value ("0", an empty scale): still inert, and vLLM's strict check of
+    # VLLM_* names (--fail-on-environ-validation) knows both.
+    from vllm.platforms.interface import Platform
+    os.environ.update(VLLM_GLM53_CUDA_SPARSE_MLA="0", VLLM_GLM53_MOE_INPUT_SCALE="")
+    vllm.plugins.plugins_loaded = False
+    load_general_plugins()
+    result["registered_when_off"] = "SPARSE_MLA_BLACKWELL" in AttentionBackendEnum.__members__
+    try:
+        Platform.validate_environ(hard_fail=True)
+        result["environ_error_when_off"] = None
+    except ValueError as exc:
+        result["environ_error_when_off"] = str(exc)
+    del os.environ["VLLM_GLM53_MOE_INPUT_SCALE"]
 
     configure_logging(LoggingConfig())  # as every vLLM process does before loading plugins
     lines = []
@@ -95,8 +108,6 @@ _PLUGIN_PROBE = textwrap.dedent(
     result["registered_with_env"] = member is not None
     result["resolves_to"] = member.get_class().__qualname__ if member else None
     result["log_lines"] = lines
-    # vLLM's strict check of VLLM_* variables (--fail-on-environ-validation) knows ours now.
-    from vllm.platforms.interface import Platform
     try:
         Platform.validate_environ(hard_fail=True)
         result["environ_error"] = None
@@ -156,6 +167,8 @@ def test_entry_point_loaded_by_vllm_and_inert_without_variable(tmp_path):
     assert len(ours) == 1, result["log_lines"]
     assert BACKEND_NAME in ours[0]
     assert result["environ_error"] is None
+    assert not result["registered_when_off"]
+    assert result["environ_error_when_off"] is None
 
 
 _OLD_VLLM_PROBE = textwrap.dedent(

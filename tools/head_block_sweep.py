@@ -59,12 +59,23 @@ def sweep(kv_dtypes, tokens) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kv", default=",".join(bench.KV_DTYPES), help="bench cache dtypes, comma-separated")
+    parser = argparse.ArgumentParser(description="16- against 32-head blocks per shape, beside the planner's choice "
+                                     "(planner.h plan_head_groups); needs a GPU")
+    parser.add_argument("--kv", default=",".join(bench.KV_DTYPES),
+                        help=f"cache dtypes, comma-separated, among {','.join(bench.KV_DTYPES)} (vLLM's names too)")
     parser.add_argument("--tokens", default="64,256,1024,4096", help="query tokens, comma-separated")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = parser.parse_args()
-    rows = sweep(args.kv.split(","), [int(t) for t in args.tokens.split(",")])
+    kv_dtypes = [bench.KV_ALIASES.get(k, k) for k in args.kv.split(",")]
+    if unknown := [k for k in kv_dtypes if k not in bench.KV_DTYPES]:
+        parser.error(f"--kv: unknown cache dtypes {unknown} (known: {', '.join(bench.KV_DTYPES)})")
+    try:
+        tokens = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        parser.error(f"--tokens: comma-separated integers, got {args.tokens!r}")
+    if any(t < 1 for t in tokens):
+        parser.error(f"--tokens: each at least 1, got {args.tokens!r}")
+    rows = sweep(kv_dtypes, tokens)
     if args.json:
         meta = dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
                     sm120_occupancy=os.environ.get("SPARSE_MLA_SM120_OCCUPANCY") == "1")

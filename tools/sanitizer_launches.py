@@ -5,8 +5,8 @@ big for them):
     compute-sanitizer --tool racecheck python tools/sanitizer_launches.py
     compute-sanitizer --tool synccheck python tools/sanitizer_launches.py
 
-Every cache format x D (512, 576) x 8 and 32 heads, the 32 in the blocks the planner picks (16-head
-ones on the H200: planner.h plan_head_groups) and in 32-head blocks (two head groups, block_heads=32):
+Every cache format x D (512, 576) x 8 and 32 heads, the 32 in 16-head blocks and in 32-head ones (two
+head groups), both forced (block_heads=16, 32) so that each runs whatever planner.h plan_head_groups picks:
 one token with the top-k axis split across blocks and random masked slots, and three tokens in one
 block each with random topk_len (for fp8 caches these one-wave grids run the kernel that decodes
 each tile once; one token of 8 heads splits into one-tile blocks), and one token of 8 heads at topk
@@ -33,7 +33,7 @@ def main() -> int:
     device = torch.device("cuda")
     two_blocks_per_sm = 2 * torch.cuda.get_device_properties(device).multi_processor_count + 8
     # (num_heads, block_heads): None plans the block.
-    heads = ((8, None), (32, None), (32, 32))
+    heads = ((8, None), (32, 16), (32, 32))
     shapes = [(num_heads, block_heads, num_tokens, topk, masking) for num_heads, block_heads in heads
               for num_tokens, topk, masking in ((1, 200, "random"), (3, 96, "topk_len"))]
     # Decode of 8 heads, topk 2176: 68 one-tile splits on the H200 and the decode combine's

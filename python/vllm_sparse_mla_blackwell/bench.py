@@ -7,15 +7,15 @@ sets rotated so that calls do not hit each other's rows in L2; about a second of
 each (shape, cache dtype) timing, as a GPU slows under sustained load: bench/HISTORY.md v16), and
 in the same run measures the ceilings with the project's own kernels: the random-row gather of
 the same rows at the same slots, the mma.sync bf16 and fp16 peaks and, on GPUs of compute
-capability 8.9 or newer, the mma.sync e4m3 one (sm_90 has no e4m3 MMA: there ptxas emulates it
-with conversions and f16 MMAs, and the peak measures that). It prints a table and writes a JSON
-file (run metadata ``mma_sync_peak_tflops`` (bf16), ``mma_sync_fp16_peak_tflops``,
-``mma_sync_e4m3_peak_tflops``: None where not measured or, in older files, absent) and a
-roofline PNG.
+capability 8.9 or newer, the mma.sync e4m3 one (sm_90 has no e4m3 mma.sync: there ptxas emulates
+it with conversions and f16 MMAs, the figure measures that emulation and is no roof for the fp8
+rows, ``mma_sync_e4m3_emulated``). It prints a table and writes a JSON file (run metadata
+``mma_sync_peak_tflops`` (bf16), ``mma_sync_fp16_peak_tflops``, ``mma_sync_e4m3_peak_tflops``:
+None where not measured or, in older files, absent) and a roofline PNG.
 
 Reported per shape: µs, gathered GB/s (T·topk·row_bytes / time) and its fraction of the gather
 ceiling, TFLOP/s (2·T·H·topk·(D+512)) and its fraction of the bf16 mma.sync peak (for the fp8
-caches also of the e4m3 one), fp8/bf16 time ratio, and the speed-up over the naive PyTorch
+caches also of a native e4m3 one), fp8/bf16 time ratio, and the speed-up over the naive PyTorch
 formulation (index_select + einsum + softmax).
 Where vLLM is installed and the GPU has them, vLLM's own sparse-MLA kernels are timed the same way
 on the same cache rows and indices (``PEERS``), each checked against this kernel's output first.
@@ -60,7 +60,7 @@ class Row:
     gather_frac: float
     tflops: float
     mma_frac: float  # of the bf16 mma.sync peak
-    e4m3_frac: float | None = None  # of the e4m3 one: fp8 caches on GPUs that have it
+    e4m3_frac: float | None = None  # of the e4m3 one: fp8 caches where it is native (not sm_90)
     fp8_over_bf16: float | None = None
     naive_us: float | None = None
     peer_us: dict[str, float] = dataclasses.field(default_factory=dict)  # vLLM kernel -> µs
@@ -251,12 +251,13 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
     T <= 64 (bf16 only), ``peers`` vLLM's kernels where they run (PEERS). ``progress`` wraps the
     shape list (e.g. ``rich.progress.track``).
     Returns the rows (µs, GB/s, TFLOP/s and their fractions of the ceilings) and run metadata
-    (device, measured mma.sync bf16 and e4m3 peaks, date)."""
+    (device, measured mma.sync bf16, fp16 and e4m3 peaks, date)."""
     device = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(device)
     mma_peak = measure_mma_peak(device)
     fp16_peak = measure_mma_peak(device, "fp16")  # beside bf16's: the fp16 cache's and fp8's MMA
     e4m3_peak = measure_mma_peak(device, "e4m3")
+    e4m3_emulated = e4m3_peak is not None and props.major == 9  # Hopper: conversions + f16 MMAs
     rows_out: list[Row] = []
     gen = torch.Generator(device=device).manual_seed(1)
     checksum = torch.zeros(1024, dtype=torch.int32, device=device)
@@ -296,7 +297,7 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
             tflops = flops / (ms * 1e-3) / 1e12
             row = Row(model, head_size, num_heads, topk, num_tokens, kv_dtype, ms * 1e3, gms * 1e3,
                       nbytes / (ms * 1e-3) / 1e9, gms / ms, tflops, tflops / mma_peak)
-            if kv_dtype.startswith("fp8") and e4m3_peak is not None:
+            if kv_dtype.startswith("fp8") and e4m3_peak is not None and not e4m3_emulated:
                 row.e4m3_frac = tflops / e4m3_peak
             if kv_dtype.startswith("fp8") and "bf16" in by_dtype:
                 row.fp8_over_bf16 = by_dtype["bf16"].us / row.us
@@ -311,7 +312,7 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
             rows_out.append(row)
     meta = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__,
                 mma_sync_peak_tflops=mma_peak, mma_sync_fp16_peak_tflops=fp16_peak,
-                mma_sync_e4m3_peak_tflops=e4m3_peak, pool_rows=POOL_ROWS,
+                mma_sync_e4m3_peak_tflops=e4m3_peak, mma_sync_e4m3_emulated=e4m3_emulated, pool_rows=POOL_ROWS,
                 date=time.strftime("%Y-%m-%d"), peers_not_run=peer_notes)
     return rows_out, meta
 
@@ -329,7 +330,7 @@ def roofline_png(rows: list[Row], meta: dict, path: str) -> None:
     ax.plot(xs, [min(meta["mma_sync_peak_tflops"], x * gather_peak / 1e3) for x in xs], "k-",
             label=f"roofline: gather {gather_peak:.0f} GB/s, mma.sync {meta['mma_sync_peak_tflops']:.0f} TFLOP/s")
     e4m3_peak = meta.get("mma_sync_e4m3_peak_tflops")  # absent in older files
-    if e4m3_peak is not None:
+    if e4m3_peak is not None and not meta.get("mma_sync_e4m3_emulated"):
         ax.plot(xs, [min(e4m3_peak, x * gather_peak / 1e3) for x in xs], "k--",
                 label=f"the fp8 caches' roof: mma.sync e4m3 {e4m3_peak:.0f} TFLOP/s")
     markers = {"bf16": "o", "fp16": "D", "fp8_e4m3": "s", "fp8_ds_mla": "^"}
@@ -355,17 +356,20 @@ def _percent(frac: float | None) -> str:
 
 
 def results_table(rows: list[Row], meta: dict):
-    """The printed table: one line per row under a title with the measured peaks (``meta`` of
-    ``run`` or of a bench JSON file, older ones without the fp16 and e4m3 peaks included)."""
+    """The printed table: one line per row under a title with the measured peaks. ``meta``: of
+    ``run`` or of a bench JSON file; needs ``device``, ``date`` and ``mma_sync_peak_tflops``
+    (KeyError otherwise), the fp16 and e4m3 peaks may be absent (older files)."""
     from rich.table import Table
 
     def peak(key):
         value = meta.get(key)
-        return "not measured" if value is None else f"{value:.0f} TFLOP/s"
+        return "not measured" if value is None else f"{value:.0f}"
 
-    table = Table(title=f"sparse-MLA on {meta['device']}, mma.sync bf16 peak {meta['mma_sync_peak_tflops']:.0f} TFLOP/s, "
-                        f"fp16 peak {peak('mma_sync_fp16_peak_tflops')}, e4m3 peak {peak('mma_sync_e4m3_peak_tflops')} "
-                        f"(measured), {meta['date']}")
+    e4m3 = peak("mma_sync_e4m3_peak_tflops")
+    if meta.get("mma_sync_e4m3_emulated"):
+        e4m3 += " (emulated: conversions + f16 MMAs, not the fp8 rows' roof)"
+    table = Table(title=f"sparse-MLA on {meta['device']}, {meta['date']}; measured mma.sync peaks, TFLOP/s: bf16 "
+                        f"{meta['mma_sync_peak_tflops']:.0f}, fp16 {peak('mma_sync_fp16_peak_tflops')}, e4m3 {e4m3}")
     for col in ("model", "H", "T", "kv", "µs", "gather µs", "GB/s", "% gather", "TFLOP/s", "% bf16 mma", "% e4m3 mma",
                 "fp8 speed-up", "naive µs", "x naive", "vLLM kernel µs (its time / ours; differs from ours by)"):
         table.add_column(col, justify="right")

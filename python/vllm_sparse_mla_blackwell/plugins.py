@@ -28,9 +28,10 @@ def register_sparse_mla_backend() -> None:
     version needed, once per process, and vLLM's own backend choice is left unchanged.
     """
     global _BACKEND_ERROR_LOGGED
+    if SPARSE_MLA_ENV in os.environ:  # set at all, "0" included: vLLM checks every VLLM_* name
+        _declare_to_vllm(SPARSE_MLA_ENV)
     if os.environ.get(SPARSE_MLA_ENV, "0") not in ("1", "true", "True"):
         return
-    _declare_to_vllm(SPARSE_MLA_ENV)
     try:
         from vllm_sparse_mla_blackwell import backend
 
@@ -55,7 +56,9 @@ def _declare_to_vllm(name: str) -> None:
     """Add ``name`` to vLLM's table of its environment variables (``vllm.envs.environment_variables``),
     which its check of ``VLLM_*`` variables reads (``Platform.validate_environ``): else every
     process warns "Unknown vLLM environment variable", and ``--fail-on-environ-validation``
-    refuses to start. Idempotent; never raises."""
+    refuses to start. A declared variable also enters vLLM's compile-cache key
+    (``envs.compile_factors``): a change of backend gets its own compiled graphs. Idempotent;
+    never raises."""
     try:
         from vllm import envs
 
@@ -87,9 +90,10 @@ def _older(version: str, than: str) -> bool:
 def register_moe_input_scale_fix() -> None:
     """Install the NVFP4 MoE input-scale fix when ``VLLM_GLM53_MOE_INPUT_SCALE`` is set."""
     value = os.environ.get(MOE_INPUT_SCALE_ENV)
+    if value is not None:  # set at all, empty included: vLLM checks every VLLM_* name
+        _declare_to_vllm(MOE_INPUT_SCALE_ENV)
     if value is None or value == "":
         return
-    _declare_to_vllm(MOE_INPUT_SCALE_ENV)
     from vllm_sparse_mla_blackwell import moe_fix
 
     moe_fix.register(value)

@@ -56,8 +56,8 @@ def case_groups(quick: bool, kv_dtypes: tuple[str, ...]) -> dict[str, list[Case]
         for d in HEAD_SIZES for kv in kv_dtypes if kv in KV_FP8
         for h, t, bh in ((64, 64, None), (64, 256, None), (64, 64, 32), (64, 256, 32), (16, 7, None))
     ]
-    g["32-head blocks"] = [  # the 16-bit caches' 32-head kernels, which the planner picks for
-        # them beyond decode (planner.h plan_head_groups)
+    g["32-head blocks"] = [  # the 16-bit caches' 32-head kernels, forced: the planner picks them
+        # unless the 32-head plan splits into short blocks (decode; planner.h plan_head_groups)
         Case(head_size=d, num_heads=h, q_dtype=qd, kv_cache_dtype=qd, topk=2048, num_tokens=t, block_heads=32)
         for d in HEAD_SIZES for qd in ("bf16", "fp16") for h, t in ((32, 7), (64, 7), (128, 7), (32, 1), (32, 513))
     ]

@@ -583,12 +583,15 @@ TEST(HeadGroups, LaunchPlanCarriesTheHeadGroups) {
   SparseMlaFwdArgs fp16 = good_args(1024, 64);
   fp16.kv_cache = tensor(ScalarType::kFloat16, {256, 64, 576}, 2);
   EXPECT_EQ(plan_sparse_mla_fwd(fp16, true, 132, &h200_like_blocks_per_sm).params.head_groups, kTwoGroups);
-  // block_heads forces either.
+  // block_heads forces either: 32 where fp8 plans 16 (the H200's), 16 where bf16 plans 32 (sm_120's).
   SparseMlaFwdArgs forced = good_args(1024, 64);
+  forced.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 576}, 1);
+  forced.kv_cache_dtype = "fp8_e4m3";
   forced.block_heads = 32;
   const SparseMlaFwdParams p32 = plan_sparse_mla_fwd(forced, true, 132, &h200_like_blocks_per_sm).params;
   EXPECT_EQ(p32.head_groups, kTwoGroups);
-  EXPECT_EQ(p32.num_splits, plan_splits(1024, 64, kTwoGroups, KvFormat::kBFloat16, 2048, 132, ws, 1).num_splits);
+  EXPECT_EQ(p32.num_splits, plan_splits(1024, 64, kTwoGroups, KvFormat::kFp8E4m3, 2048, 132, ws, 1).num_splits);
+  forced = good_args(1024, 64);
   forced.block_heads = 16;
   EXPECT_EQ(plan_sparse_mla_fwd(forced, true, 132, &sm120_like_blocks_per_sm).params.head_groups, kOneGroup);
   // Up to 16 heads: one group.
