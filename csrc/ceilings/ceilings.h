@@ -1,5 +1,6 @@
-// The two ceilings the benchmark reports against, measured with the project's own
-// small kernels in the same run: random-row gather bandwidth, and the mma.sync bf16 and e4m3 peaks.
+// The ceilings the benchmark reports against, measured with the project's own
+// small kernels in the same run: random-row gather bandwidth, and the mma.sync bf16, fp16 and e4m3
+// peaks.
 #pragma once
 
 #include <cuda_runtime.h>
