@@ -23,7 +23,10 @@ import torch
 from vllm_sparse_mla_blackwell import _testing, bench, ops
 
 
-def sweep(kv_dtypes, tokens) -> list[dict]:
+def sweep(kv_dtypes: list[str], tokens: list[int]) -> list[dict]:
+    """Per model of bench.MODELS, cache dtype of ``kv_dtypes`` (bench names), head count above 16
+    and token count of ``tokens``: one dict with µs per call (``us_16``, ``us_32``,
+    ``us_planned``) and ``t16_over_t32``; each line also printed. Needs a CUDA GPU."""
     device = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator(device=device).manual_seed(1)
     ws = ops.get_workspace(device)

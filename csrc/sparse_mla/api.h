@@ -60,11 +60,9 @@ struct SparseMlaFwdLaunch {
 // block_heads 0, 16, or 32 with more than 16 heads) and throws ArgumentError naming the first
 // bad one. `require_cuda`: all tensors on one CUDA device (the kernel path); otherwise all on one
 // device of any kind (the CPU reference path).
-// num_sms and blocks_per_sm (null: one block per SM, no variants) plan the heads per
-// block (plan_head_groups), the split of the top-k axis (only with a workspace) and the kernel
-// variant (plan_fwd_splits).
-// sm_version: the device's compute capability as 10 x major + minor (0: unknown), for
-// decoded_fp8_plan.
+// num_sms, blocks_per_sm (null: one block per SM, no variants) and sm_version (10 x major +
+// minor, 0: unknown) go to planner.h plan_fwd: the heads per block, the split of the top-k axis
+// (only with a workspace) and the kernel variant.
 SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& args, bool require_cuda, int num_sms,
                                        BlocksPerSmFn blocks_per_sm = nullptr, int sm_version = 0);
 

@@ -18,11 +18,10 @@ They were written from that source; ``tests/test_serve_check.py`` builds both mo
 
 from __future__ import annotations
 
-import math
 import zlib
 from pathlib import Path
 
-from vllm_sparse_mla_blackwell.e2e import MODELS, write_model
+from vllm_sparse_mla_blackwell.e2e import MODELS, realistic_bound, realistic_fill, write_model
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -109,13 +108,12 @@ def _kda(c: dict, p: str) -> dict[str, tuple[int, ...]]:
 
 def init_bound(name: str, shape: tuple[int, ...]) -> float | None:
     """The realistic scale of ``e2e._install_realistic_dummy_weights``: tensors of two or more
-    dimensions uniform in ``+-sqrt(3 / shape[-1])`` (fan-in, unit variance through a layer); 1-D
-    ``*weight`` (norms) constant 1 and ``*bias`` constant 0 (returns ``None`` for both); other 1-D
-    tensors (``A_log``, which vLLM holds as ``[1, 1, heads, 1]``, so e2e draws it with fan-in 1)
-    uniform in ``+-sqrt(3)``."""
+    dimensions uniform in ``+-e2e.realistic_bound``; 1-D ``*weight`` / ``*bias`` constant
+    (``e2e.realistic_fill``; returns ``None`` for both); other 1-D tensors (``A_log``, which vLLM
+    holds as ``[1, 1, heads, 1]``, so e2e draws it with fan-in 1) uniform in ``+-sqrt(3)``."""
     if len(shape) >= 2:
-        return math.sqrt(3.0 / shape[-1])
-    return None if name.endswith(("weight", "bias")) else math.sqrt(3.0)
+        return realistic_bound(shape)
+    return None if realistic_fill(name, shape) is not None else realistic_bound((1,))
 
 
 def tensor_seed(name: str) -> int:
@@ -133,7 +131,7 @@ def make_tensors(config: dict, dtype: str) -> dict:
     for name, shape in tensor_shapes(config).items():
         bound = init_bound(name, shape)
         if bound is None:
-            t = torch.full(shape, 0.0 if name.endswith("bias") else 1.0)
+            t = torch.full(shape, realistic_fill(name, shape))
         else:
             gen = torch.Generator().manual_seed(tensor_seed(name))
             t = (torch.rand(shape, generator=gen) * 2 - 1) * bound

@@ -273,6 +273,20 @@ def _prompts(model: Model, quick: bool) -> list[list[int]]:
 _SEEDS = {"next": 0}
 
 
+def realistic_bound(shape: tuple[int, ...]) -> float:
+    """Half-width of the realistic uniform init of a tensor of two or more dims: sqrt(3 / fan_in),
+    fan_in = ``shape[-1]`` (unit variance through a layer)."""
+    return math.sqrt(3.0 / shape[-1])
+
+
+def realistic_fill(name: str, shape: tuple[int, ...]) -> float | None:
+    """The constant a 1-D tensor starts at under the realistic init: 1 for ``*weight`` (norms), 0
+    for ``*bias``; None for any other tensor (drawn uniform)."""
+    if len(shape) != 1:
+        return None
+    return 1.0 if name.endswith("weight") else 0.0 if name.endswith("bias") else None
+
+
 def _install_realistic_dummy_weights() -> None:
     """Wrap vLLM's dummy initialiser: matrices uniform +-sqrt(3 / fan_in) (unit variance through a
     layer), 1-D ``weight`` (norms) 1, 1-D ``bias`` 0, a distinct seed per tensor in model order
@@ -294,12 +308,9 @@ def _install_realistic_dummy_weights() -> None:
         seed = 1000 + _SEEDS["next"]
         _SEEDS["next"] += 1
         if param.dim() == 1:
-            if name.endswith("weight"):
-                return param.fill_(1.0)
-            if name.endswith("bias"):
-                return param.zero_()
-            return original(param, seed=seed, name=name)
-        bound = math.sqrt(3.0 / param.shape[-1])
+            fill = realistic_fill(name, tuple(param.shape))
+            return param.fill_(fill) if fill is not None else original(param, seed=seed, name=name)
+        bound = realistic_bound(tuple(param.shape))
         return original(param, -bound, bound, seed=seed, name=name)
 
     realistic._sparse_mla_e2e = True
