@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""Forward-kernel MMAs that wait on a global load they do not read, found in the binary's SASS.
+"""Forward-kernel HMMAs that wait on a global load they do not read, found in the binary's SASS.
 
 Every SASS instruction of sm_70 and later carries control bits: the scoreboard (0-5) its result
 sets, and the scoreboards it waits for before it issues. This reads them from ``cuobjdump
--sass`` and reports, per forward kernel and target, each HMMA whose wait mask holds a
-scoreboard last set (in program order) by a global load (LDG). ptxas reuses scoreboards, so
+-sass`` and reports, per forward kernel and target, how many HMMAs have a wait mask holding a
+scoreboard last set (in program order) by a global load (LDG) as its result's scoreboard, and the
+first of them. Read scoreboards (an LDG releasing its address registers) do not count: waiting
+on those is a register reuse, not a wait for the load. ptxas reuses scoreboards, so
 such a wait can make a tile's MMAs wait for the next tile's index load: the kernels whose q
 type is the MMA type waited there in every tile on the H200 (ncu: 20-23 % of all stall samples
 of the bf16 32-head kernels; bench/HISTORY.md v26). A static heuristic: program order, not the
-loop's control flow. Exit 1 if any MMA is reported.
+loop's control flow. Exit 0 if none is reported, 1 if some are, 2 on an error (no cuobjdump,
+not a CUDA binary, no forward kernels).
 
 The control bits are the high 64-bit word's bits 41-61 (the 128-bit encoding's 105-125):
 stall 4, yield 1, write scoreboard 3 (7 = none), read scoreboard 3, wait mask 6, reuse 4.
@@ -74,12 +77,18 @@ def main() -> int:
     ap.add_argument("binary")
     ap.add_argument("--cuobjdump", help="path of cuobjdump (default: searched for)")
     args = ap.parse_args()
-    sass = subprocess.run([find_cuobjdump(args.cuobjdump), "-sass", args.binary],
-                          capture_output=True, text=True, check=True).stdout
-    fwd = [k for k in kernels(sass) if "sparse_mla_fwd_kernel" in k[1]]
+    try:
+        dump = subprocess.run([find_cuobjdump(args.cuobjdump), "-sass", args.binary], capture_output=True, text=True)
+    except SystemExit as e:
+        print(f"sass_waits: {e}", file=sys.stderr)
+        return 2
+    if dump.returncode != 0:
+        print(f"sass_waits: cuobjdump failed on {args.binary}: {dump.stderr.strip()}", file=sys.stderr)
+        return 2
+    fwd = [k for k in kernels(dump.stdout) if "sparse_mla_fwd_kernel" in k[1]]
     if not fwd:
         print(f"sass_waits: no forward kernels found in {args.binary}", file=sys.stderr)
-        return 1
+        return 2
     flagged = 0
     for (arch, _, instructions), name in zip(fwd, demangle([k[1] for k in fwd])):
         waits = mma_waits_on_loads(instructions)
