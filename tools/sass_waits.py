@@ -2,16 +2,17 @@
 """Forward-kernel HMMAs that wait on a global load they do not read, found in the binary's SASS.
 
 Every SASS instruction of sm_70 and later carries control bits: the scoreboard (0-5) its result
-sets, and the scoreboards it waits for before it issues. This reads them from ``cuobjdump
--sass`` and reports, per forward kernel and target, how many HMMAs have a wait mask holding a
-scoreboard last set (in program order) by a global load (LDG) as its result's scoreboard, and the
-first of them. Read scoreboards (an LDG releasing its address registers) do not count: waiting
-on those is a register reuse, not a wait for the load. ptxas reuses scoreboards, so
-such a wait can make a tile's MMAs wait for the next tile's index load: the kernels whose q
-type is the MMA type waited there in every tile on the H200 (ncu: 20-23 % of all stall samples
-of the bf16 32-head kernels; bench/HISTORY.md v26). A static heuristic: program order, not the
-loop's control flow. Exit 0 if none is reported, 1 if some are, 2 on an error (no cuobjdump,
-not a CUDA binary, no forward kernels).
+sets, the one that frees its source registers, and the scoreboards it waits for before it
+issues. ptxas reuses scoreboards, so an MMA can end up waiting for an unrelated load: on the H200
+each tile's first S MMA waited for the next tile's index load wherever q's type is the MMA's
+(ncu: 20-23 % of the bf16 32-head kernels' stall samples; bench/HISTORY.md v26).
+
+This reads the control bits from ``cuobjdump -sass`` and reports, per forward kernel and target,
+how many HMMAs wait on a scoreboard whose last setter in program order is a global load's result
+(LDG), and the first of them. Waits on a load's register-release scoreboard do not count (that is
+a register reuse). A static heuristic: program order, not the loop's control flow. Exit 0 if
+nothing is reported, 1 if something is, 2 on an error (no cuobjdump, not a CUDA binary, no
+forward kernels).
 
 The control bits are the high 64-bit word's bits 41-61 (the 128-bit encoding's 105-125):
 stall 4, yield 1, write scoreboard 3 (7 = none), read scoreboard 3, wait mask 6, reuse 4.
