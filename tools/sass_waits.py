@@ -8,11 +8,12 @@ each tile's first S MMA waited for the next tile's index load wherever q's type 
 (ncu: 20-23 % of the bf16 32-head kernels' stall samples; bench/HISTORY.md v26).
 
 This reads the control bits from ``cuobjdump -sass`` and reports, per forward kernel and target,
-how many HMMAs wait on a scoreboard whose last setter in program order is a global load's result
-(LDG), and the first of them. Waits on a load's register-release scoreboard do not count (that is
-a register reuse). A static heuristic: program order, not the loop's control flow. Exit 0 if
-nothing is reported, 1 if something is, 2 on an error (no cuobjdump, not a CUDA binary, no
-forward kernels).
+how many HMMAs inside a loop wait on a scoreboard whose last setter before them, going round the
+loop, is a global load's result (LDG), and the first of them: a wait paid on every trip. Waits on
+a load's register-release scoreboard do not count (that is a register reuse), nor waits on loads
+before the loop. A static heuristic: a loop is a branch back to a lower address, its body the
+instructions in between; branches inside it are not followed. Exit 0 if nothing is reported, 1
+if something is, 2 on an error (no cuobjdump, not a CUDA binary, no forward kernels).
 
 The control bits are the high 64-bit word's bits 41-61 (the 128-bit encoding's 105-125):
 stall 4, yield 1, write scoreboard 3 (7 = none), read scoreboard 3, wait mask 6, reuse 4.
@@ -58,19 +59,39 @@ def opcode(instruction: str) -> str:
     return words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
 
 
+_BRANCH_TARGET = re.compile(r"\bBRA\s+(0x[0-9a-f]+)")
+
+
+def loops(instructions: list[tuple[int, str, int]]) -> list[tuple[int, int]]:
+    """(first, last) instruction index of each loop: a branch back to a lower address."""
+    index = {address: i for i, (address, _, _) in enumerate(instructions)}
+    out = []
+    for i, (address, instruction, _) in enumerate(instructions):
+        m = _BRANCH_TARGET.search(instruction)
+        if m and int(m.group(1), 16) < address and int(m.group(1), 16) in index:
+            out.append((index[int(m.group(1), 16)], i))
+    return out
+
+
 def mma_waits_on_loads(instructions: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
-    """(address, instruction, scoreboard) of each HMMA waiting on a scoreboard an LDG set last."""
-    last_writer: dict[int, str] = {}
-    found = []
-    for address, instruction, control in instructions:
-        op = opcode(instruction)
-        write_sb, wait_mask = (control >> 5) & 7, (control >> 11) & 0x3F
-        if op.startswith("HMMA"):
-            found += [(address, instruction, sb) for sb in range(6)
-                      if wait_mask >> sb & 1 and last_writer.get(sb, "").startswith("LDG.")]
-        if write_sb != 7:
-            last_writer[write_sb] = op
-    return found
+    """(address, instruction, scoreboard) of each HMMA inside a loop that waits on a scoreboard
+    whose last setter before it, going round the loop, is an LDG of that loop: a wait the loop
+    pays on every trip. A wait on a load before the loop is paid once and is not reported."""
+    found = set()
+    for first, last in loops(instructions):
+        body = instructions[first:last + 1]
+        for k, (address, instruction, control) in enumerate(body):
+            if not opcode(instruction).startswith("HMMA"):
+                continue
+            wait_mask = (control >> 11) & 0x3F
+            for sb in range(6):
+                if not wait_mask >> sb & 1:
+                    continue
+                before = body[:k][::-1] + body[k + 1:][::-1]  # nearest first, round the loop
+                setters = [opcode(ins) for _, ins, c in before if (c >> 5) & 7 == sb]
+                if setters and setters[0].startswith("LDG."):
+                    found.add((address, instruction, sb))
+    return sorted(found)
 
 
 def main() -> int:
