@@ -139,6 +139,9 @@ auto with_variant(FwdVariant variant, Fn&& fn, Missing&& missing) {
     case FwdVariant::kPairedScores:
       if constexpr (Traits::kHasPairedScoresVariant) return fn(typename Traits::PairedScores{});
       break;
+    case FwdVariant::kE4m3Pv:
+      if constexpr (Traits::kHasE4m3PvVariant) return fn(typename Traits::E4m3Pv{});
+      break;
   }
   return missing();
 }
