@@ -155,10 +155,35 @@ cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream)
   return with_variant<Traits>(p.variant, launch, [&] { return launch(Traits{}); });
 }
 
+// Whether the image this device loads of an E4m3Pv kernel was compiled for sm_89+: its e4m3 MMA
+// traps in code for an older target (sm_80 code, or its PTX, run by a newer GPU).
+template <typename Traits>
+bool native_e4m3_mma() {
+  static int native_of[kMaxCachedDevices] = {};
+  return cached_per_device(native_of, 0, [](int) {
+           cudaFuncAttributes attr{};
+           if (cudaFuncGetAttributes(&attr, sparse_mla_fwd_kernel<Traits, Traits::kSmemBytes>) != cudaSuccess) {
+             (void)cudaGetLastError();
+             return -1;
+           }
+           return attr.ptxVersion >= 89 && attr.binaryVersion >= 89 ? 1 : -1;
+         }) > 0;
+}
+
+// Blocks per SM of `variant` of the configuration Traits; 0 where it has no such variant or, for
+// E4m3Pv, where the device's image has no e4m3 MMA.
 template <typename Traits>
 int sparse_mla_fwd_blocks_per_sm(FwdVariant variant) {
   return with_variant<Traits>(
-      variant, [](auto traits) { return blocks_per_sm_of<decltype(traits)>(); }, [] { return 0; });
+      variant,
+      [](auto traits) {
+        using T = decltype(traits);
+        if constexpr (T::kE4m3Pv) {
+          if (!native_e4m3_mma<T>()) return 0;
+        }
+        return blocks_per_sm_of<T>();
+      },
+      [] { return 0; });
 }
 
 }  // namespace sparse_mla

@@ -506,10 +506,16 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           ldmatrix_x4_trans(r, v_base + c * 16);
 #pragma unroll
           for (int odd = 0; odd < 2; ++odd) {
+            // Into a zeroed tile first, then added in fp32: the e4m3 MMA of sm_89 (and maybe
+            // others) may keep fewer mantissa bits of its C input than fp32, which over every tile
+            // of acc_o would add up.
             const uint32_t select = odd ? 0x7531u : 0x6420u;
             const uint32_t b0 = __byte_perm(r[0], r[1], select), b1 = __byte_perm(r[2], r[3], select);
-            mma_16832_e4m3(acc_o[2 * c + odd], a_hi, b0, b1);
-            mma_16832_e4m3(acc_o[2 * c + odd], a_lo, b0, b1);
+            float t[4] = {0.f, 0.f, 0.f, 0.f};
+            mma_16832_e4m3(t, a_hi, b0, b1);
+            mma_16832_e4m3(t, a_lo, b0, b1);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc_o[2 * c + odd][i] += t[i];
           }
         }
       } else if constexpr (Traits::kRegisterP) {
