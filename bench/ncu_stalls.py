@@ -1,5 +1,6 @@
 """Where the warps of a profiled kernel wait: ncu's per-instruction stall samples summed by
-opcode, and the most-sampled instructions. How the v9 stall in bench/HISTORY.md was found:
+stall reason and by opcode, and the most-sampled instructions with their main reasons. How the
+v9 and v26 stalls in bench/HISTORY.md were found:
 
     ncu --clock-control none -k regex:sparse_mla_fwd -c 1 --section SourceCounters \\
         --section WarpStateStats -o rep python bench/profile_shape.py --heads 128 --tokens 256 --calls 1
@@ -7,7 +8,8 @@ opcode, and the most-sampled instructions. How the v9 stall in bench/HISTORY.md 
     python bench/ncu_stalls.py rep.csv
 
 A stall sample is counted at the instruction the warp waits to issue, e.g. the first user of a
-load's result.
+load's result. long_sb: waiting on a global / local load or a cp.async reading its registers;
+short_sb: on shared memory or other MIO results; wait: a fixed-latency dependency.
 """
 
 from __future__ import annotations
@@ -15,6 +17,13 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
 
 
 def main() -> None:
@@ -29,27 +38,32 @@ def main() -> None:
     src = next(i for i, c in enumerate(header) if c.startswith("Source"))
     sampled = [i for i, c in enumerate(header) if "Sampl" in c]
     col = next((i for i in sampled if "All" in header[i] and "Not" not in header[i]), sampled[0])
+    reasons = [i for i, c in enumerate(header) if c.startswith("stall_") and "Not Issued" not in c]
     by_op: collections.Counter[str] = collections.Counter()
+    by_reason: collections.Counter[str] = collections.Counter()
     per_instruction = []
     for r in rows[head + 1:]:
-        try:
-            n = float(r[col].replace(",", ""))
-        except (IndexError, ValueError):
-            continue
-        words = r[src].split()
-        if not words:
+        n = _number(r[col]) if col < len(r) else None
+        words = r[src].split() if src < len(r) else []
+        if n is None or not words:
             continue
         op = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
         by_op[op.split(".")[0]] += n
-        per_instruction.append((n, r[src].strip()))
+        why = collections.Counter({header[i][6:]: _number(r[i]) or 0.0 for i in reasons if i < len(r)})
+        by_reason.update(why)
+        per_instruction.append((n, r[src].strip(), why))
     total = sum(by_op.values())
     if total == 0:
         raise SystemExit(f"no stall samples in column '{header[col]}'")
     print(f"{header[col]}: {total:.0f} samples")
+    reason_total = sum(by_reason.values()) or 1.0
+    print("by reason: " + ", ".join(f"{k} {100 * v / reason_total:.1f} %" for k, v in by_reason.most_common(8)))
+    print("by opcode:")
     for op, n in by_op.most_common(15):
         print(f"  {op:10s} {100 * n / total:5.1f} %")
-    for n, ins in sorted(per_instruction, reverse=True)[: args.top]:
-        print(f"  {100 * n / total:5.1f} %  {ins[:100]}")
+    for n, ins, why in sorted(per_instruction, key=lambda x: -x[0])[: args.top]:
+        main_reasons = ", ".join(f"{k} {100 * v / total:.1f}" for k, v in why.most_common(2) if v > 0)
+        print(f"  {100 * n / total:5.1f} %  {ins[:64]:64s}  {main_reasons}")
 
 
 if __name__ == "__main__":
