@@ -31,9 +31,17 @@ def main() -> None:
     ap.add_argument("csv", help="ncu --page source --csv --print-source sass output")
     ap.add_argument("--top", type=int, default=25, help="instructions to list")
     args = ap.parse_args()
-    with open(args.csv, newline="") as f:
-        rows = list(csv.reader(f))
-    head = next(i for i, r in enumerate(rows) if any(c.startswith("Source") for c in r) and any("Sampl" in c for c in r))
+    try:
+        with open(args.csv, newline="") as f:
+            rows = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError) as e:
+        raise SystemExit(f"ncu_stalls: cannot read {args.csv}: {e}") from None
+    heads = [i for i, r in enumerate(rows) if any(c.startswith("Source") for c in r) and any("Sampl" in c for c in r)]
+    if not heads:
+        raise SystemExit(f"ncu_stalls: no 'Source' and '... Sampling ...' header in {args.csv}")
+    if len(heads) > 1:
+        raise SystemExit(f"ncu_stalls: {len(heads)} kernels in {args.csv}; export one (ncu -c 1, or --kernel-name)")
+    head = heads[0]
     header = rows[head]
     src = next(i for i, c in enumerate(header) if c.startswith("Source"))
     sampled = [i for i, c in enumerate(header) if "Sampl" in c]
@@ -56,8 +64,9 @@ def main() -> None:
     if total == 0:
         raise SystemExit(f"no stall samples in column '{header[col]}'")
     print(f"{header[col]}: {total:.0f} samples")
-    reason_total = sum(by_reason.values()) or 1.0
-    print("by reason: " + ", ".join(f"{k} {100 * v / reason_total:.1f} %" for k, v in by_reason.most_common(8)))
+    reason_total = sum(by_reason.values())
+    if reason_total:
+        print("by reason: " + ", ".join(f"{k} {100 * v / reason_total:.1f} %" for k, v in by_reason.most_common(8)))
     print("by opcode:")
     for op, n in by_op.most_common(15):
         print(f"  {op:10s} {100 * n / total:5.1f} %")

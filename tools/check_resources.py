@@ -82,7 +82,11 @@ def short_name(demangled: str) -> tuple[str, int]:
 def find_cuobjdump(hint: str | None) -> str:
     """cuobjdump from the hint, PATH, CUDA_HOME, or a Python package that carries one (Triton's
     NVIDIA backend, nvidia-cuda-cuobjdump): the CUDA toolkit image of a build machine may lack it."""
-    candidates = [hint, shutil.which("cuobjdump"), os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump")]
+    if hint:
+        if os.path.isfile(hint) and os.access(hint, os.X_OK):
+            return hint
+        raise SystemExit(f"cuobjdump: '{hint}' is not an executable file")
+    candidates = [shutil.which("cuobjdump"), os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump")]
     for pkg, rel in (("triton", "backends/nvidia/bin/cuobjdump"), ("nvidia.cuda_cuobjdump", "bin/cuobjdump")):
         try:
             spec = importlib.util.find_spec(pkg)
@@ -93,7 +97,7 @@ def find_cuobjdump(hint: str | None) -> str:
     for c in candidates:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
-    raise SystemExit("check_resources: cuobjdump not found (install the CUDA toolkit's cuobjdump or "
+    raise SystemExit("cuobjdump not found (install the CUDA toolkit's cuobjdump or "
                      "`pip install nvidia-cuda-cuobjdump`)")
 
 

@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""Forward-kernel MMAs that wait on a global load they do not read, found in the binary's SASS.
+"""Forward-kernel HMMAs that wait on a global load they do not read, found in the binary's SASS.
 
 Every SASS instruction of sm_70 and later carries control bits: the scoreboard (0-5) its result
-sets, and the scoreboards it waits for before it issues. This reads them from ``cuobjdump
--sass`` and reports, per forward kernel and target, each HMMA whose wait mask holds a
-scoreboard last set (in program order) by a global load (LDG). ptxas reuses scoreboards, so
-such a wait can make a tile's MMAs wait for the next tile's index load: the kernels whose q
-type is the MMA type waited there in every tile on the H200 (ncu: 20-23 % of all stall samples
-of the bf16 32-head kernels; bench/HISTORY.md v26). A static heuristic: program order, not the
-loop's control flow. Exit 1 if any MMA is reported.
+sets, the one that frees its source registers, and the scoreboards it waits for before it
+issues. ptxas reuses scoreboards, so an MMA can end up waiting for an unrelated load: on the H200
+each tile's first S MMA waited for the next tile's index load wherever q's type is the MMA's
+(ncu: 20-23 % of the bf16 32-head kernels' stall samples; bench/HISTORY.md v26).
+
+This reads the control bits from ``cuobjdump -sass`` and reports, per forward kernel and target,
+how many HMMAs inside a loop wait on a scoreboard whose last setter before them, going round the
+loop, is a global load's result (LDG), and the first of them: a wait paid on every trip. Waits on
+a load's register-release scoreboard do not count (that is a register reuse), nor waits on loads
+before the loop. A static heuristic: a loop is a branch back to a lower address, its body the
+instructions in between; branches inside it are not followed. Exit 0 if nothing is reported, 1
+if something is, 2 on an error (no cuobjdump, not a CUDA binary, no forward kernels).
 
 The control bits are the high 64-bit word's bits 41-61 (the 128-bit encoding's 105-125):
 stall 4, yield 1, write scoreboard 3 (7 = none), read scoreboard 3, wait mask 6, reuse 4.
@@ -54,19 +59,39 @@ def opcode(instruction: str) -> str:
     return words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
 
 
+_BRANCH_TARGET = re.compile(r"\bBRA\s+(0x[0-9a-f]+)")
+
+
+def loops(instructions: list[tuple[int, str, int]]) -> list[tuple[int, int]]:
+    """(first, last) instruction index of each loop: a branch back to a lower address."""
+    index = {address: i for i, (address, _, _) in enumerate(instructions)}
+    out = []
+    for i, (address, instruction, _) in enumerate(instructions):
+        m = _BRANCH_TARGET.search(instruction)
+        if m and int(m.group(1), 16) < address and int(m.group(1), 16) in index:
+            out.append((index[int(m.group(1), 16)], i))
+    return out
+
+
 def mma_waits_on_loads(instructions: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
-    """(address, instruction, scoreboard) of each HMMA waiting on a scoreboard an LDG set last."""
-    last_writer: dict[int, str] = {}
-    found = []
-    for address, instruction, control in instructions:
-        op = opcode(instruction)
-        write_sb, wait_mask = (control >> 5) & 7, (control >> 11) & 0x3F
-        if op.startswith("HMMA"):
-            found += [(address, instruction, sb) for sb in range(6)
-                      if wait_mask >> sb & 1 and last_writer.get(sb, "").startswith("LDG.")]
-        if write_sb != 7:
-            last_writer[write_sb] = op
-    return found
+    """(address, instruction, scoreboard) of each HMMA inside a loop that waits on a scoreboard
+    whose last setter before it, going round the loop, is an LDG of that loop: a wait the loop
+    pays on every trip. A wait on a load before the loop is paid once and is not reported."""
+    found = set()
+    for first, last in loops(instructions):
+        body = instructions[first:last + 1]
+        for k, (address, instruction, control) in enumerate(body):
+            if not opcode(instruction).startswith("HMMA"):
+                continue
+            wait_mask = (control >> 11) & 0x3F
+            for sb in range(6):
+                if not wait_mask >> sb & 1:
+                    continue
+                before = body[:k][::-1] + body[k + 1:][::-1]  # nearest first, round the loop
+                setters = [opcode(ins) for _, ins, c in before if (c >> 5) & 7 == sb]
+                if setters and setters[0].startswith("LDG."):
+                    found.add((address, instruction, sb))
+    return sorted(found)
 
 
 def main() -> int:
@@ -74,12 +99,18 @@ def main() -> int:
     ap.add_argument("binary")
     ap.add_argument("--cuobjdump", help="path of cuobjdump (default: searched for)")
     args = ap.parse_args()
-    sass = subprocess.run([find_cuobjdump(args.cuobjdump), "-sass", args.binary],
-                          capture_output=True, text=True, check=True).stdout
-    fwd = [k for k in kernels(sass) if "sparse_mla_fwd_kernel" in k[1]]
+    try:
+        dump = subprocess.run([find_cuobjdump(args.cuobjdump), "-sass", args.binary], capture_output=True, text=True)
+    except SystemExit as e:
+        print(f"sass_waits: {e}", file=sys.stderr)
+        return 2
+    if dump.returncode != 0:
+        print(f"sass_waits: cuobjdump failed on {args.binary}: {dump.stderr.strip()}", file=sys.stderr)
+        return 2
+    fwd = [k for k in kernels(dump.stdout) if "sparse_mla_fwd_kernel" in k[1]]
     if not fwd:
         print(f"sass_waits: no forward kernels found in {args.binary}", file=sys.stderr)
-        return 1
+        return 2
     flagged = 0
     for (arch, _, instructions), name in zip(fwd, demangle([k[1] for k in fwd])):
         waits = mma_waits_on_loads(instructions)
