@@ -10,8 +10,9 @@ arithmetic in float64 (S, a softmax against each row's global max rather than th
 running max, and the norms; only P rounded, per 32-key tile and column tile as the kernel does,
 but not the fp32 roundings of exp2 and of p * scale) on a verify case and prints verify's metrics
 (worst per-row relative error and cosine against the fp32 reference) with P exact, in one fp16
-part, as fp16 hi + lo, and the same in e4m3 (optionally with q in e4m3), so that an e4m3 MMA
-path can be judged before it is built:
+part, as fp16 hi + lo, and the same in e4m3 (the e4m3 residual at 16x the scale, or at the same
+scale so that one accumulator takes both parts' MMAs; optionally with q in e4m3), so that an e4m3
+MMA path can be judged before it is built:
 
     python tools/fp8_p_rounding.py [--num-heads 32] [--topk 128] [--num-tokens 272]
 
@@ -30,7 +31,7 @@ from vllm_sparse_mla_blackwell import cases, formats, reference
 BLOCK_N = 32  # keys per tile (kernel_traits.h kBlockN): fp8_ds_mla's norms are per tile
 
 
-P_MODES = ("exact", "fp16", "fp16 hi + lo", "e4m3", "e4m3 hi + lo")
+P_MODES = ("exact", "fp16", "fp16 hi + lo", "e4m3", "e4m3 hi + lo", "e4m3 hi + lo, one acc")
 # An e4m3 P is scaled by this before rounding (its values are below 2 here), so that it keeps
 # clear of e4m3's subnormals (2^-6) and its largest finite value (448); the accumulator takes the
 # inverse in fp32.
@@ -61,8 +62,12 @@ def emulated_out(case: cases.Case, inputs: cases.CaseInputs, p_mode: str, q_e4m3
         if p_mode == "exact":
             return x
         if p_mode.startswith("e4m3"):
+            # hi + lo: the residual at 16x hi's scale (its own accumulator, scaled back in fp32);
+            # one acc: at hi's scale, so that both parts' MMAs add into the same accumulator.
             hi = _e4m3(x, E4M3_P_SCALE)
-            return hi if p_mode == "e4m3" else hi + _e4m3(x - hi, 16 * E4M3_P_SCALE)
+            if p_mode == "e4m3":
+                return hi
+            return hi + _e4m3(x - hi, E4M3_P_SCALE if p_mode.endswith("one acc") else 16 * E4M3_P_SCALE)
         hi = x.float().half().double()
         return hi if p_mode == "fp16" else hi + (x - hi).float().half().double()
 
@@ -104,7 +109,7 @@ def main() -> None:
                          for mode in P_MODES))
         print(f"{case.label()}{f' (q in e4m3, {args.q_e4m3})' if args.q_e4m3 else ''}: worst row vs the fp32 reference, P")
         for mode, r, c in zip(P_MODES, rel, cos):
-            print(f"  {mode:14} rel {r:.2e}  cos {c:.7f}")
+            print(f"  {mode:22} rel {r:.2e}  cos {c:.7f}")
 
 
 if __name__ == "__main__":
