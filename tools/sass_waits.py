@@ -80,17 +80,18 @@ def mma_waits_on_loads(instructions: list[tuple[int, str, int]]) -> list[tuple[i
     found = set()
     for first, last in loops(instructions):
         body = instructions[first:last + 1]
-        for k, (address, instruction, control) in enumerate(body):
-            if not opcode(instruction).startswith("HMMA"):
-                continue
-            wait_mask = (control >> 11) & 0x3F
-            for sb in range(6):
-                if not wait_mask >> sb & 1:
-                    continue
-                before = body[:k][::-1] + body[k + 1:][::-1]  # nearest first, round the loop
-                setters = [opcode(ins) for _, ins, c in before if (c >> 5) & 7 == sb]
-                if setters and setters[0].startswith("LDG."):
-                    found.add((address, instruction, sb))
+        # Two passes over the body: after the first, setter[sb] is the last setter going round,
+        # so the second sees, at each instruction, the nearest setter before it in loop order.
+        setter: dict[int, str] = {}
+        for trip in range(2):
+            for address, instruction, control in body:
+                op = opcode(instruction)
+                if trip and op.startswith("HMMA"):
+                    wait_mask = (control >> 11) & 0x3F
+                    found.update((address, instruction, sb) for sb in range(6)
+                                 if wait_mask >> sb & 1 and setter.get(sb, "").startswith("LDG."))
+                if (control >> 5) & 7 != 7:
+                    setter[(control >> 5) & 7] = op
     return sorted(found)
 
 

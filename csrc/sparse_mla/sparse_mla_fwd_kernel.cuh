@@ -228,14 +228,13 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         const int c = step_col(s) + (raw_fp8_step(s) ? (lane % 4) * 4 + (i >> 1) * 2 : (lane % 4) * 2 + (i >> 1) * 8);
         const QElement* src = c < p.q_nope_dim ? qn[rr] + c : qp[rr] + (c - p.q_nope_dim);
         const uint32_t raw = ok[rr] ? __ldg(reinterpret_cast<const uint32_t*>(src)) : 0u;
-        if constexpr (!Traits::kQConvert) {
-          q_frag[s][0][i] = raw;
-        } else {
-          // bf16 -> fp16, or fp16 -> bf16 hi + lo.
-          const QElement* v = reinterpret_cast<const QElement*>(&raw);
-          split2<Element, Traits::kQSplit>(q_frag[s][0][i], q_frag[s][kQParts - 1][i], static_cast<float>(v[0]),
-                                           static_cast<float>(v[1]));
-        }
+        // bf16 -> fp16, fp16 -> bf16 hi + lo, and the same type through fp32 too (exact): an
+        // unconverted load result would be first read by the tile loop's first MMA, which ptxas
+        // then kept waiting, in every tile, on the scoreboard the loop's index loads reuse
+        // (bench/HISTORY.md v26).
+        const QElement* v = reinterpret_cast<const QElement*>(&raw);
+        split2<Element, Traits::kQSplit>(q_frag[s][0][i], q_frag[s][kQParts - 1][i], static_cast<float>(v[0]),
+                                         static_cast<float>(v[1]));
       }
     }
   }

@@ -389,8 +389,9 @@ def main(json_path: str = "bench.json", png_path: str = "bench_roofline.png", qu
          models: tuple[str, ...] | None = None, naive: bool = True, peers: bool = True) -> int:
     """Run ``run`` (``quick``: T in 1, 64, 1024 and a short idle; ``tokens``, ``kv_dtypes``,
     ``models`` narrow the shapes, ``naive`` adds the PyTorch baseline, ``peers`` vLLM's kernels
-    where vLLM is installed), print the table, write JSON and PNG. Returns the exit status: 0 done, 1 matplotlib missing or the library cannot
-    run on this GPU, 2 an unknown model or cache dtype, 3 no GPU."""
+    where vLLM is installed), print the table, write JSON and PNG. Returns the exit status: 0 done,
+    1 matplotlib missing or the library cannot run on this GPU, 2 an unknown model or cache dtype,
+    3 no GPU."""
     from rich.console import Console
     from rich.progress import track
 
