@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from vllm_sparse_mla_blackwell import _testing, cases, ops, reference, verify
+from vllm_sparse_mla_blackwell import _testing, cases, envs, ops, reference, verify
 from vllm_sparse_mla_blackwell.cases import Case
 
 pytestmark = pytest.mark.gpu
@@ -328,7 +328,7 @@ def test_fp8_ds_mla_e4m3_pv_option(monkeypatch, head_size, num_heads, block_head
                             <= _testing.fwd_blocks_per_sm(torch.bfloat16, "fp8_ds_mla", head_size, 16,
                                                           variant="paired_scores")):
         pytest.skip("planned as the paired-scores variant (SMs of 100 KB), which has no e4m3 P V form")
-    monkeypatch.setenv("SPARSE_MLA_E4M3_PV", "1")
+    monkeypatch.setenv(envs.E4M3_PV_ENV, "1")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for num_tokens, topk, masking in ((2 * sms, 512, "random"), (272, 128, "none"), (272, 96, "topk_len")):
         case = Case(head_size=head_size, num_heads=num_heads, topk=topk, num_tokens=num_tokens,

@@ -155,18 +155,14 @@ cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream)
   return with_variant<Traits>(p.variant, launch, [&] { return launch(Traits{}); });
 }
 
-// Whether the image this device loads of an E4m3Pv kernel was compiled for sm_89+: its e4m3 MMA
-// traps in code for an older target (sm_80 code, or its PTX, run by a newer GPU).
+// Whether the image this device loads of an E4m3Pv kernel has e4m3 MMAs (mma_utils.cuh).
 template <typename Traits>
 bool native_e4m3_mma() {
   static int native_of[kMaxCachedDevices] = {};
   return cached_per_device(native_of, 0, [](int) {
-           cudaFuncAttributes attr{};
-           if (cudaFuncGetAttributes(&attr, sparse_mla_fwd_kernel<Traits, Traits::kSmemBytes>) != cudaSuccess) {
-             (void)cudaGetLastError();
-             return -1;
-           }
-           return attr.ptxVersion >= 89 && attr.binaryVersion >= 89 ? 1 : -1;
+           const cudaError_t err = check_e4m3_mma_image(sparse_mla_fwd_kernel<Traits, Traits::kSmemBytes>);
+           if (err != cudaSuccess) (void)cudaGetLastError();  // a failed query must not fail the launch
+           return err == cudaSuccess ? 1 : -1;
          }) > 0;
 }
 
