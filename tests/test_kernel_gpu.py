@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from vllm_sparse_mla_blackwell import _testing, cases, ops, reference, verify
+from vllm_sparse_mla_blackwell import _testing, cases, envs, ops, reference, verify
 from vllm_sparse_mla_blackwell.cases import Case
 
 pytestmark = pytest.mark.gpu
@@ -144,10 +144,10 @@ def test_combine_of_more_splits_than_one_round_one_block_per_row(num_tokens, kv_
 
 def _fwd_kernel_configs(prof) -> set[tuple[int, int, str]]:
     """(head_size, head groups, kFp8RawTiles) of every forward kernel a profile saw, from the
-    names of its traits' template arguments (kernel_traits.h SparseMlaFwdTraits; the last,
-    kPairedScores, is not returned)."""
+    names of its traits' template arguments (kernel_traits.h SparseMlaFwdTraits; the last two,
+    kPairedScores and kE4m3Pv, are not returned)."""
     names = [e.name for e in prof.events() if "sparse_mla_fwd_kernel" in e.name]
-    pattern = r"SparseMlaFwdTraits<.*?, (512|576), ([12]), \d+, (true|false), (?:true|false)>"
+    pattern = r"SparseMlaFwdTraits<.*?, (512|576), ([12]), \d+, (true|false), (?:true|false), (?:true|false)>"
     found = [re.search(pattern, n) for n in names]
     assert names and all(found), names
     return {(int(m[1]), int(m[2]), m[3]) for m in found}
@@ -310,6 +310,34 @@ def test_sm120_occupancy_emulation(same_package_env):
     run = subprocess.run([sys.executable, "-c", script], env=same_package_env(SPARSE_MLA_SM120_OCCUPANCY="1"),
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, f"without the setting {normal}; " + run.stdout[-3000:] + run.stderr[-3000:]
+
+
+@pytest.mark.parametrize("num_heads, block_heads", [(16, None), (64, 32)])
+@pytest.mark.parametrize("head_size", [512, 576])
+def test_fp8_ds_mla_e4m3_pv_option(monkeypatch, head_size, num_heads, block_heads):
+    """SPARSE_MLA_E4M3_PV=1 (a measuring option, docs/kernel.md): fp8_ds_mla launches planned
+    with their main kernel run P V on e4m3 MMAs, P as e4m3 hi + lo (sm_90 emulates the MMAs).
+    Within verify's bars on fresh NaN-poisoned inputs, and the profiler sees that variant (the
+    traits' last argument true): grids of more blocks than SMs (raw tiles), and v14's inputs where
+    a few keys dominate each row (bench/HISTORY.md v14)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs e4m3 MMAs (compute capability 8.9+)")
+    if num_heads == 16 and (_testing.fwd_blocks_per_sm(torch.bfloat16, "fp8_ds_mla", head_size, 16) < 2
+                            <= _testing.fwd_blocks_per_sm(torch.bfloat16, "fp8_ds_mla", head_size, 16,
+                                                          variant="paired_scores")):
+        pytest.skip("planned as the paired-scores variant (SMs of 100 KB), which has no e4m3 P V form")
+    monkeypatch.setenv(envs.E4M3_PV_ENV, "1")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for num_tokens, topk, masking in ((2 * sms, 512, "random"), (272, 128, "none"), (272, 96, "topk_len")):
+        case = Case(head_size=head_size, num_heads=num_heads, topk=topk, num_tokens=num_tokens,
+                    kv_cache_dtype="fp8_ds_mla", masking=masking, block_heads=block_heads)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            result = verify.run_case(case, torch.device("cuda"))
+        _check(result)
+        names = [e.name for e in prof.events() if "sparse_mla_fwd_kernel" in e.name]
+        assert names and all(re.search(r"SparseMlaFwdTraits<.*, true>, \d+>", n) for n in names), (case.label(), names)
 
 
 @pytest.mark.parametrize("head_size", [512, 576])

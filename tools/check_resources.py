@@ -62,6 +62,7 @@ def short_name(demangled: str) -> tuple[str, int]:
     if m:
         dyn = int(m.group(3))
         parts = m.group(2).replace("__nv_bfloat16", "bf16").replace("__half", "fp16").split(", ")
+        e4m3_pv = parts.pop() if len(parts) == 8 else "false"  # P V on e4m3 MMAs (a variant)
         paired = parts.pop() if len(parts) == 7 else "false"  # partial scores paired (a variant)
         raw_fp8 = parts.pop() if len(parts) == 6 else "true"  # fp8 tiles raw in shared memory
         copy_stages = parts.pop() if len(parts) == 5 else "2"  # cp.async stages of 16-bit caches
@@ -73,6 +74,8 @@ def short_name(demangled: str) -> tuple[str, int]:
             parts.append("decoded tiles")
         if paired == "true":
             parts.append("paired scores")
+        if e4m3_pv == "true":
+            parts.append("e4m3 P V")
         name = f"fwd<{', '.join(parts)}>"
     else:
         name = re.sub(r"^void ", "", name[: name.rfind("(")]).replace("__nv_bfloat16", "bf16").replace("__half", "fp16")
@@ -116,7 +119,10 @@ def main() -> int:
     for row, dem in zip(rows, demangle([r["mangled"] for r in rows])):
         row["name"], row["dynamic"] = short_name(dem)
         row["total"] = row["shared"] + row["dynamic"]
-        row["ok"] = row["total"] <= SMEM_BUDGET_BYTES and row["stack"] == 0 and row["local"] == 0
+        # sm_90 has no e4m3 MMA: ptxas emulates it with conversions and f16 MMAs, whose registers
+        # the e4m3 P V variant (a measuring option there, for its accuracy) may spill.
+        spills_allowed = row["arch"] == "sm_90" and "e4m3 P V" in row["name"]
+        row["ok"] = row["total"] <= SMEM_BUDGET_BYTES and (spills_allowed or (row["stack"] == 0 and row["local"] == 0))
     rows.sort(key=lambda r: (r["arch"], r["name"]))
     lines = [
         f"Kernel resources of {args.binary.split('/')[-1]} (budget {SMEM_BUDGET_BYTES:,} B shared memory per block, no spills)",

@@ -65,10 +65,7 @@ cudaError_t check_e4m3_mma() {
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (err != cudaSuccess) return err;
   if (10 * major + minor < 89) return cudaErrorNotSupported;
-  cudaFuncAttributes attr{};
-  err = cudaFuncGetAttributes(&attr, mma_peak_kernel<MmaPeakType::kE4m3>);
-  if (err != cudaSuccess) return err;
-  return attr.ptxVersion >= 89 ? cudaSuccess : cudaErrorNoKernelImageForDevice;
+  return check_e4m3_mma_image(mma_peak_kernel<MmaPeakType::kE4m3>);
 }
 
 }  // namespace

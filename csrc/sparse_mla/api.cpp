@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -347,6 +348,14 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   p.num_splits = plan.num_splits;
   p.tiles_per_split = plan.tiles_per_split;
   p.variant = plan.variant;
+  // SPARSE_MLA_E4M3_PV=1, a measuring option (docs/kernel.md): fp8_ds_mla launches planned with
+  // their main kernel run its e4m3 P V variant where the device's image has e4m3 MMAs (sm_89+;
+  // sm_90 emulates them); the occupancy query answers 0 where it has not.
+  const char* e4m3_pv = std::getenv("SPARSE_MLA_E4M3_PV");
+  if (e4m3_pv != nullptr && e4m3_pv[0] == '1' && format == KvFormat::kFp8DsMla && plan.variant == FwdVariant::kMain &&
+      sm_version >= 89 && blocks_per_sm != nullptr &&
+      blocks_per_sm(dtype, format, p.head_size, plan.head_groups, FwdVariant::kE4m3Pv) > 0)
+    p.variant = FwdVariant::kE4m3Pv;
   p.combine_split_groups = plan.combine_split_groups;
   if (p.num_splits > 1) {
     float* ws = static_cast<float*>(const_cast<void*>(a.workspace.data));

@@ -25,7 +25,7 @@ constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2,
           bool kFp8RawTiles_ = !is_fp8(kFormat_) || kHeadGroups_ == 1 || kHeadDim_ == kHeadSizeRoPE ||
                                kFormat_ == KvFormat::kFp8DsMla,
-          bool kPairedScores_ = false>
+          bool kPairedScores_ = false, bool kE4m3Pv_ = false>
 struct SparseMlaFwdTraits {
   using QElement = QElement_;
   static constexpr KvFormat kFormat = kFormat_;
@@ -142,6 +142,18 @@ struct SparseMlaFwdTraits {
       sm120_blocks_by_smem(kSmemBytes - kWarpsPerGroup / 2 * kSmemSPartBytes) >= 2;
   using PairedScores =
       SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, kCopyStages_, kFp8RawTiles_, true>;
+
+  // E4m3Pv (fp8_ds_mla's raw tiles, register P): P V on e4m3 m16n8k32 MMAs, V read as stored and
+  // P' = p * key scale / norm * kE4m3PScale as e4m3 hi + lo parts, both at that scale so that
+  // one set of accumulators takes both (bench/NOTES.md step D). P' < 2 before the scale, so the
+  // parts stay below e4m3's 448. A measuring option (SPARSE_MLA_E4M3_PV=1, docs/kernel.md); on
+  // sm_90 the e4m3 MMA is emulated.
+  static constexpr bool kE4m3Pv = kE4m3Pv_;
+  static_assert(!kE4m3Pv || (kRawFp8 && kRegisterP), "e4m3 P V: raw fp8_ds_mla tiles only");
+  static constexpr float kE4m3PScale = 128.f;
+  static constexpr bool kHasE4m3PvVariant = !kE4m3Pv && !kPairedScores && kRawFp8 && kRegisterP;
+  using E4m3Pv =
+      SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, kCopyStages_, kFp8RawTiles_, false, true>;
 
   static_assert(kSmemBytes <= kSmemBudgetBytes,
                 "a kernel instantiation exceeds the 101,376-byte shared-memory ceiling");

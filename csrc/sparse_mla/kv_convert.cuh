@@ -24,6 +24,20 @@ __device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t pair) {
   return *reinterpret_cast<const uint32_t*>(&h2);
 }
 
+// Four fp32 values (>= 0, below 448) as e4m3 bytes in order x0..x3: hi = e4m3(x), rounded, and
+// lo = e4m3(x - hi), at the same scale (E4m3Pv in kernel_traits.h).
+__device__ __forceinline__ void e4m3x4_hi_lo(float x0, float x1, float x2, float x3, uint32_t& hi, uint32_t& lo) {
+  const uint32_t h01 = __nv_cvt_float2_to_fp8x2(make_float2(x0, x1), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t h23 = __nv_cvt_float2_to_fp8x2(make_float2(x2, x3), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t b01 = e4m3x2_to_half2(h01), b23 = e4m3x2_to_half2(h23);
+  const float2 f01 = __half22float2(*reinterpret_cast<const __half2*>(&b01));
+  const float2 f23 = __half22float2(*reinterpret_cast<const __half2*>(&b23));
+  const uint32_t l01 = __nv_cvt_float2_to_fp8x2(make_float2(x0 - f01.x, x1 - f01.y), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t l23 = __nv_cvt_float2_to_fp8x2(make_float2(x2 - f23.x, x3 - f23.y), __NV_SATFINITE, __NV_E4M3);
+  hi = h01 | (h23 << 16);
+  lo = l01 | (l23 << 16);
+}
+
 // Two bf16 values -> fp16x2 (fp8_ds_mla's rope), exact within fp16's range.
 __device__ __forceinline__ uint32_t bf16x2_to_half2(uint32_t pair) {
   const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pair));

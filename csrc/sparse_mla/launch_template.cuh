@@ -139,6 +139,9 @@ auto with_variant(FwdVariant variant, Fn&& fn, Missing&& missing) {
     case FwdVariant::kPairedScores:
       if constexpr (Traits::kHasPairedScoresVariant) return fn(typename Traits::PairedScores{});
       break;
+    case FwdVariant::kE4m3Pv:
+      if constexpr (Traits::kHasE4m3PvVariant) return fn(typename Traits::E4m3Pv{});
+      break;
   }
   return missing();
 }
@@ -152,10 +155,31 @@ cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream)
   return with_variant<Traits>(p.variant, launch, [&] { return launch(Traits{}); });
 }
 
+// Whether the image this device loads of an E4m3Pv kernel has e4m3 MMAs (mma_utils.cuh).
+template <typename Traits>
+bool native_e4m3_mma() {
+  static int native_of[kMaxCachedDevices] = {};
+  return cached_per_device(native_of, 0, [](int) {
+           const cudaError_t err = check_e4m3_mma_image(sparse_mla_fwd_kernel<Traits, Traits::kSmemBytes>);
+           if (err != cudaSuccess) (void)cudaGetLastError();  // a failed query must not fail the launch
+           return err == cudaSuccess ? 1 : -1;
+         }) > 0;
+}
+
+// Blocks per SM of `variant` of the configuration Traits; 0 where it has no such variant or, for
+// E4m3Pv, where the device's image has no e4m3 MMA.
 template <typename Traits>
 int sparse_mla_fwd_blocks_per_sm(FwdVariant variant) {
   return with_variant<Traits>(
-      variant, [](auto traits) { return blocks_per_sm_of<decltype(traits)>(); }, [] { return 0; });
+      variant,
+      [](auto traits) {
+        using T = decltype(traits);
+        if constexpr (T::kE4m3Pv) {
+          if (!native_e4m3_mma<T>()) return 0;
+        }
+        return blocks_per_sm_of<T>();
+      },
+      [] { return 0; });
 }
 
 }  // namespace sparse_mla

@@ -480,7 +480,44 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       const Element* p_base = sP + (grp * Traits::kPBuffers) * Traits::kSmemPBufferElems +
                               (lane % 16) * Traits::kPPitch + (lane / 16) * 8;
       uint32_t p_frag[kBlockN / 16][4];
-      if constexpr (Traits::kRegisterP) {
+      if constexpr (Traits::kE4m3Pv) {
+        // P' as e4m3 hi + lo in the m16n8k32 A layout: (a0, a1, a2, a3) = rows (r, r + 8) x
+        // keys (2j, 2j + 1, 8 + 2j, 9 + 2j), and those + 16 (k 4j .. 4j + 3 and + 16), which are
+        // this thread's keys of key_scale. V: lane l addresses key l of a 16-byte column chunk;
+        // ldmatrix.trans gives keys (2j, 2j + 1) of each 8-key matrix, 2 bytes each, so the even
+        // bytes of matrices 0-1 (2-3) are b0 (b1) of the chunk's even columns in the same key
+        // order, the odd bytes of its odd columns: acc_o[2 chunk + odd], the raw tiles' order.
+        const float* p_in = sS + (grp * kSBuf) * Traits::kSmemSPartElems + (lane / 4) * Traits::kSPitch + (lane % 4) * 2;
+        const float p_scale = pow2_reciprocal(ds_norm) * Traits::kE4m3PScale;
+        uint32_t a_hi[4], a_lo[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int rr = i & 1, nt = (i >> 1) * 2;  // row half, first key group
+          const float2 p0 = *reinterpret_cast<const float2*>(p_in + rr * 8 * Traits::kSPitch + nt * 8);
+          const float2 p1 = *reinterpret_cast<const float2*>(p_in + rr * 8 * Traits::kSPitch + (nt + 1) * 8);
+          e4m3x4_hi_lo(p0.x * (key_scale[nt][0] * p_scale), p0.y * (key_scale[nt][1] * p_scale),
+                       p1.x * (key_scale[nt + 1][0] * p_scale), p1.y * (key_scale[nt + 1][1] * p_scale), a_hi[i], a_lo[i]);
+        }
+        const uint8_t* v_base = sK_bytes + lane * Traits::kSmemRowBytes + wq * Traits::kDvPerWarp;
+#pragma unroll
+        for (int c = 0; c < Traits::kDvPerWarp / 16; ++c) {
+          uint32_t r[4];
+          ldmatrix_x4_trans(r, v_base + c * 16);
+#pragma unroll
+          for (int odd = 0; odd < 2; ++odd) {
+            // Into a zeroed tile first, then added in fp32: the e4m3 MMA of sm_89 (and maybe
+            // others) may keep fewer mantissa bits of its C input than fp32, which over every tile
+            // of acc_o would add up.
+            const uint32_t select = odd ? 0x7531u : 0x6420u;
+            const uint32_t b0 = __byte_perm(r[0], r[1], select), b1 = __byte_perm(r[2], r[3], select);
+            float t[4] = {0.f, 0.f, 0.f, 0.f};
+            mma_16832_e4m3(t, a_hi, b0, b1);
+            mma_16832_e4m3(t, a_lo, b0, b1);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc_o[2 * c + odd][i] += t[i];
+          }
+        }
+      } else if constexpr (Traits::kRegisterP) {
         // This warp's P = p * (its column tile's key scales) / norm, built as the A fragments of
         // P V's k-steps (FlashAttention-2): (a0, a1, a2, a3) = rows (r, r + 8) x keys (2j, 2j + 8)
         // of k-step kk, r = lane / 4, j = lane % 4, which are the keys of key_scale.
@@ -497,7 +534,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         }
       }
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      for (int kk = 0; kk < (Traits::kE4m3Pv ? 0 : kBlockN / 16); ++kk) {
         uint32_t a[4];
         if constexpr (Traits::kRegisterP) {
 #pragma unroll
@@ -586,7 +623,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const int h = h0 + r;
     if (h >= p.num_heads) continue;
     const float l = sL[r];
-    const float inv = l > 0.f ? tensor_scale * ds_norm / l : 0.f;
+    const float inv = l > 0.f ? tensor_scale * ds_norm / (Traits::kE4m3Pv ? l * Traits::kE4m3PScale : l) : 0.f;
     // This thread's runs of kRun consecutive columns of its row, one vector store each: run n's
     // first column, and its column k. Raw fp8 tiles (phase 3): acc_o[2 n + odd][2 half + e] is
     // column 16 n + 4 (lane % 4) + 2 e + odd of the warp's 128, so a run is four columns (k = 2 e

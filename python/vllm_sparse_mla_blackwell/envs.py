@@ -5,3 +5,5 @@ the MoE fix and the end-to-end check; importing it costs nothing)."""
 SPARSE_MLA_ENV = "VLLM_GLM53_CUDA_SPARSE_MLA"
 #: ``<positive float>``: the NVFP4 MoE activation input scale a checkpoint does not provide.
 MOE_INPUT_SCALE_ENV = "VLLM_GLM53_MOE_INPUT_SCALE"
+#: ``1``: fp8_ds_mla launches run P V on e4m3 MMAs where they can (a measuring option, docs/kernel.md).
+E4M3_PV_ENV = "SPARSE_MLA_E4M3_PV"

@@ -78,6 +78,14 @@ TEST(KernelTraits, Fp8DsMlaTilesStayRawAsStored) {
   static_assert(DsMla576::kHasPairedScoresVariant && !DsMla576::kPairedScores && DsMla576::kSBuffersPerGroup == 4);
   static_assert(Paired::kPairedScores && !Paired::kHasPairedScoresVariant && Paired::kSBuffersPerGroup == 2);
   static_assert(Paired::kRawFp8 && Paired::kStages == 2);
+  // Its e4m3 P V variant (a measuring option): the same tiles and shared memory, P V on e4m3 MMAs;
+  // none for the paired-scores variant, fp8_e4m3 (P through shared memory) or 16-bit caches.
+  using E4m3Pv = DsMla576::E4m3Pv;
+  static_assert(DsMla576::kHasE4m3PvVariant && E4m3Pv::kE4m3Pv && !E4m3Pv::kHasE4m3PvVariant);
+  static_assert(!Paired::kHasE4m3PvVariant && DsMla512::kHasE4m3PvVariant);
+  static_assert(!SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 576, 1>::kHasE4m3PvVariant);
+  static_assert(!SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, 576, 2>::kHasE4m3PvVariant);
+  EXPECT_EQ(E4m3Pv::kSmemBytes, DsMla576::kSmemBytes);
   EXPECT_EQ(Paired::kSmemBytes, 47488);
   // No other configuration has it (the decode-once variant, 32-head blocks, D = 512, 16-bit).
   static_assert(!DsMla576::DecodedFp8::kHasPairedScoresVariant && !DsMla512::kHasPairedScoresVariant);
