@@ -610,6 +610,11 @@ def test_bench_table_reports_fp8_rows_against_the_e4m3_peak():
     meta.update(mma_sync_e4m3_peak_tflops=169.0, mma_sync_e4m3_emulated=True)
     title, _ = _table_cells(bench.results_table(rows[:1], meta))
     assert "e4m3 169 (emulated: conversions + f16 MMAs, not the fp8 rows' roof)" in title
+    assert "E4M3_PV" not in title
+    # A run with the e4m3 P V option says so in its title (and its JSON's meta).
+    meta.update(e4m3_pv=True)
+    title, _ = _table_cells(bench.results_table(rows[:1], meta))
+    assert title.endswith("SPARSE_MLA_E4M3_PV=1 (fp8_ds_mla's P V on e4m3 MMAs)")
 
 
 def test_bench_table_reads_a_bench_json_from_before_the_e4m3_peak():

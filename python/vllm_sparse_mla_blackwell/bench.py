@@ -11,7 +11,8 @@ capability 8.9 or newer, the mma.sync e4m3 one (sm_90 has no e4m3 mma.sync: ther
 it with conversions and f16 MMAs, the figure measures that emulation and is no roof for the fp8
 rows, ``mma_sync_e4m3_emulated``). It prints a table and writes a JSON file (run metadata
 ``mma_sync_peak_tflops`` (bf16), ``mma_sync_fp16_peak_tflops``, ``mma_sync_e4m3_peak_tflops``:
-None where not measured or, in older files, absent) and a roofline PNG.
+None where not measured or, in older files, absent; ``e4m3_pv``: whether the e4m3 P V option was
+set, docs/kernel.md) and a roofline PNG.
 
 Reported per shape: µs, gathered GB/s (T·topk·row_bytes / time) and its fraction of the gather
 ceiling, TFLOP/s (2·T·H·topk·(D+512)) and its fraction of the bf16 mma.sync peak (for the fp8
@@ -26,12 +27,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import statistics
 import time
 
 import torch
 
-from vllm_sparse_mla_blackwell import cases, formats, ops
+from vllm_sparse_mla_blackwell import cases, envs, formats, ops
 
 MODELS = {
     # name: (head_size D, topk, heads per rank, sm_scale)
@@ -313,7 +315,8 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
     meta = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__,
                 mma_sync_peak_tflops=mma_peak, mma_sync_fp16_peak_tflops=fp16_peak,
                 mma_sync_e4m3_peak_tflops=e4m3_peak, mma_sync_e4m3_emulated=e4m3_emulated, pool_rows=POOL_ROWS,
-                date=time.strftime("%Y-%m-%d"), peers_not_run=peer_notes)
+                date=time.strftime("%Y-%m-%d"), peers_not_run=peer_notes,
+                e4m3_pv=os.environ.get(envs.E4M3_PV_ENV) == "1")
     return rows_out, meta
 
 
@@ -368,8 +371,10 @@ def results_table(rows: list[Row], meta: dict):
     e4m3 = peak("mma_sync_e4m3_peak_tflops")
     if meta.get("mma_sync_e4m3_emulated"):
         e4m3 += " (emulated: conversions + f16 MMAs, not the fp8 rows' roof)"
+    option = f"; {envs.E4M3_PV_ENV}=1 (fp8_ds_mla's P V on e4m3 MMAs)" if meta.get("e4m3_pv") else ""
     table = Table(title=f"sparse-MLA on {meta['device']}, {meta['date']}; measured mma.sync peaks, TFLOP/s: bf16 "
-                        f"{meta['mma_sync_peak_tflops']:.0f}, fp16 {peak('mma_sync_fp16_peak_tflops')}, e4m3 {e4m3}")
+                        f"{meta['mma_sync_peak_tflops']:.0f}, fp16 {peak('mma_sync_fp16_peak_tflops')}, e4m3 {e4m3}"
+                        f"{option}")
     for col in ("model", "H", "T", "kv", "µs", "gather µs", "GB/s", "% gather", "TFLOP/s", "% bf16 mma", "% e4m3 mma",
                 "fp8 speed-up", "naive µs", "x naive", "vLLM kernel µs (its time / ours; differs from ours by)"):
         table.add_column(col, justify="right")
