@@ -300,10 +300,10 @@ def test_sm120_occupancy_emulation(same_package_env):
         "                                   kv_cache_dtype=kv), torch.device('cuda'))\n"
         "    return sorted({e.name for e in prof.events() if 'sparse_mla_' in e.name})\n"
         "split, unsplit = kernels(64, 2048), kernels(two_per_sm, 64)\n"
-        "one_stage = [any(', 1, 1, true, false>' in n for n in k) for k in (split, unsplit)]\n"
+        "one_stage = [any(', 1, 1, true, false, false>' in n for n in k) for k in (split, unsplit)]\n"
         "combined = any('combine' in n for n in split)\n"
         "ds_mla = kernels(two_per_sm, 64, 'fp8_ds_mla')\n"
-        "paired = bool(ds_mla) and all(', 2, true, true>' in n for n in ds_mla)\n"
+        "paired = bool(ds_mla) and all(', 2, true, true, false>' in n for n in ds_mla)\n"
         "print('occupancy', occupancy, 'failed', bad, 'kernels', split, unsplit, ds_mla)\n"
         "sys.exit(0 if occupancy == [1, 2, 1, 1, 0, 0, 2, 2, 2, 2, 0, 0, 2, 0, 0, 0] and not bad\n"
         "         and one_stage == [True, True] and combined and paired else 1)\n")

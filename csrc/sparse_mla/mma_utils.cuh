@@ -74,12 +74,16 @@ __device__ __forceinline__ void mma_16832_e4m3(float (&d)[4], const uint32_t (&a
 
 // Whether the device runs `kernel`, which calls mma_16832_e4m3, from an image compiled for
 // sm_89+: cudaSuccess, cudaErrorNoKernelImageForDevice where the image is older (sm_80 code, or
-// its PTX JIT-compiled for a newer GPU: the MMA would trap), or the attribute query's own error.
+// its PTX JIT-compiled for a newer GPU: the MMA would trap), or the attribute query's own error,
+// which is then cleared so that it does not fail a later, unrelated launch check.
 template <typename Kernel>
 cudaError_t check_e4m3_mma_image(Kernel* kernel) {
   cudaFuncAttributes attr{};
   const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
-  if (err != cudaSuccess) return err;
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return err;
+  }
   return attr.ptxVersion >= 89 && attr.binaryVersion >= 89 ? cudaSuccess : cudaErrorNoKernelImageForDevice;
 }
 

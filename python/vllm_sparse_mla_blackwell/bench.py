@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import statistics
 import time
 
@@ -316,7 +315,7 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
                 mma_sync_peak_tflops=mma_peak, mma_sync_fp16_peak_tflops=fp16_peak,
                 mma_sync_e4m3_peak_tflops=e4m3_peak, mma_sync_e4m3_emulated=e4m3_emulated, pool_rows=POOL_ROWS,
                 date=time.strftime("%Y-%m-%d"), peers_not_run=peer_notes,
-                e4m3_pv=os.environ.get(envs.E4M3_PV_ENV) == "1")
+                e4m3_pv=envs.flag(envs.E4M3_PV_ENV))
     return rows_out, meta
 
 

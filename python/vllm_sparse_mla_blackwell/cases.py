@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import zlib
 
 import torch
@@ -223,7 +222,7 @@ def max_rel_err(case: Case) -> float:
     """The relative-error bar of ``case``: MAX_REL_ERR_FP16 where out and the MMAs are fp16,
     else MAX_REL_ERR. With the e4m3 P V option set (``envs.E4M3_PV_ENV``), fp8_ds_mla's P V MMAs
     are e4m3, so its cases take MAX_REL_ERR."""
-    if case.kv_cache_dtype == "fp8_ds_mla" and os.environ.get(envs.E4M3_PV_ENV) == "1":
+    if case.kv_cache_dtype == "fp8_ds_mla" and envs.flag(envs.E4M3_PV_ENV):
         return MAX_REL_ERR
     return MAX_REL_ERR_FP16 if case.q_dtype == "fp16" and case.kv_cache_dtype != "bf16" else MAX_REL_ERR
 

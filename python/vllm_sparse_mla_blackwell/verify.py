@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from collections.abc import Callable, Iterator
 
@@ -212,7 +211,7 @@ def main(quick: bool = False, json_path: str | None = None, fp8: bool = True) ->
                   f"({cases.MAX_REL_ERR_FP16} where out and the MMAs are fp16); "
                   f"per-row cosine >= {cases.MIN_COSINE} against the same; "
                   f"lse err <= {cases.MAX_LSE_ERR}; masked rows exact")
-    if os.environ.get(envs.E4M3_PV_ENV) == "1":
+    if envs.flag(envs.E4M3_PV_ENV):
         console.print(f"{envs.E4M3_PV_ENV}=1: fp8_ds_mla's P V on e4m3 MMAs where planned, its bar {cases.MAX_REL_ERR}")
     kv_dtypes = KV_16BIT + (KV_FP8 if fp8 else ())
     jobs = list(iter_jobs(quick, kv_dtypes))
