@@ -3,10 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <utility>
+
+#include "env_flag.h"
 
 namespace sparse_mla {
 
@@ -351,8 +352,7 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
   // SPARSE_MLA_E4M3_PV=1, a measuring option (docs/kernel.md): fp8_ds_mla launches planned with
   // their main kernel run its e4m3 P V variant where the device's image has e4m3 MMAs (sm_89+;
   // sm_90 emulates them); the occupancy query answers 0 where it has not.
-  const char* e4m3_pv = std::getenv("SPARSE_MLA_E4M3_PV");
-  if (e4m3_pv != nullptr && e4m3_pv[0] == '1' && format == KvFormat::kFp8DsMla && plan.variant == FwdVariant::kMain &&
+  if (format == KvFormat::kFp8DsMla && plan.variant == FwdVariant::kMain && env_flag("SPARSE_MLA_E4M3_PV") &&
       sm_version >= 89 && blocks_per_sm != nullptr &&
       blocks_per_sm(dtype, format, p.head_size, plan.head_groups, FwdVariant::kE4m3Pv) > 0)
     p.variant = FwdVariant::kE4m3Pv;

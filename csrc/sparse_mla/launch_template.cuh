@@ -5,9 +5,8 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-
 #include "combine_kernel.cuh"
+#include "env_flag.h"
 #include "launch.h"
 #include "sparse_mla_fwd_kernel.cuh"
 
@@ -22,12 +21,6 @@ int cached_per_device(int (&cache)[kMaxCachedDevices], int fallback, Query&& que
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxCachedDevices) return fallback;
   if (cache[device] == 0) cache[device] = query(device);
   return cache[device] > 0 ? cache[device] : fallback;
-}
-
-// Whether environment variable `name` is set to 1.
-inline bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && v[0] == '1';
 }
 
 // The value of cudaDeviceGetAttribute(attribute) for the current device, cached (0 when the

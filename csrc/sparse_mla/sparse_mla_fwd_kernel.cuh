@@ -477,9 +477,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         acc_o[n][2] *= alpha1;
         acc_o[n][3] *= alpha1;
       }
-      const Element* p_base = sP + (grp * Traits::kPBuffers) * Traits::kSmemPBufferElems +
-                              (lane % 16) * Traits::kPPitch + (lane / 16) * 8;
-      uint32_t p_frag[kBlockN / 16][4];
       if constexpr (Traits::kE4m3Pv) {
         // P' as e4m3 hi + lo in the m16n8k32 A layout: (a0, a1, a2, a3) = rows (r, r + 8) x
         // keys (2j, 2j + 1, 8 + 2j, 9 + 2j), and those + 16 (k 4j .. 4j + 3 and + 16), which are
@@ -517,61 +514,69 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
             for (int i = 0; i < 4; ++i) acc_o[2 * c + odd][i] += t[i];
           }
         }
-      } else if constexpr (Traits::kRegisterP) {
-        // This warp's P = p * (its column tile's key scales) / norm, built as the A fragments of
-        // P V's k-steps (FlashAttention-2): (a0, a1, a2, a3) = rows (r, r + 8) x keys (2j, 2j + 8)
-        // of k-step kk, r = lane / 4, j = lane % 4, which are the keys of key_scale.
-        const float* p_in = sS + (grp * kSBuf) * Traits::kSmemSPartElems + (lane / 4) * Traits::kSPitch + (lane % 4) * 2;
-        const float inv_norm = pow2_reciprocal(ds_norm);
-#pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int nt = 2 * kk + (i >> 1), hf = i & 1;
-            const float2 pv = *reinterpret_cast<const float2*>(p_in + hf * 8 * Traits::kSPitch + nt * 8);
-            p_frag[kk][i] = pack2<Element>(pv.x * (key_scale[nt][0] * inv_norm), pv.y * (key_scale[nt][1] * inv_norm));
-          }
-        }
-      }
-#pragma unroll
-      for (int kk = 0; kk < (Traits::kE4m3Pv ? 0 : kBlockN / 16); ++kk) {
-        uint32_t a[4];
+      } else {
+        const Element* p_base = sP + (grp * Traits::kPBuffers) * Traits::kSmemPBufferElems +
+                                (lane % 16) * Traits::kPPitch + (lane / 16) * 8;
+        uint32_t p_frag[kBlockN / 16][4];
         if constexpr (Traits::kRegisterP) {
+          // This warp's P = p * (its column tile's key scales) / norm, built as the A fragments of
+          // P V's k-steps (FlashAttention-2): (a0, a1, a2, a3) = rows (r, r + 8) x keys (2j, 2j + 8)
+          // of k-step kk, r = lane / 4, j = lane % 4, which are the keys of key_scale.
+          const float* p_in =
+              sS + (grp * kSBuf) * Traits::kSmemSPartElems + (lane / 4) * Traits::kSPitch + (lane % 4) * 2;
+          const float inv_norm = pow2_reciprocal(ds_norm);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) a[i] = p_frag[kk][i];
-        } else {
-          ldmatrix_x4(a, p_base + kk * 16);
-        }
-        const int v_row = kk * 16 + (lane % 8) + ((lane >> 3) & 1) * 8;
-        if constexpr (Traits::kRawFp8) {
-          // Matrices (keys 0-7, 8-15) x (bytes 0-15, 16-31) of each 32 columns, transposed as b16:
-          // thread (n = lane / 4, j = lane % 4) gets bytes 2n, 2n + 1 of keys 2j and 2j + 1 (of
-          // 8 more). Its even bytes are the B fragment of n-tile "even columns", the odd ones of
-          // "odd columns": acc_o[2 b + odd] holds columns 16 b + 2 n' + odd (the epilogue's order).
-          const uint8_t* v_base = sK_bytes + v_row * Traits::kSmemRowBytes + wq * Traits::kDvPerWarp + (lane >> 4) * 16;
+          for (int kk = 0; kk < kBlockN / 16; ++kk) {
 #pragma unroll
-          for (int n4 = 0; n4 < Traits::kDvPerWarp / 32; ++n4) {
-            uint32_t r[4];
-            ldmatrix_x4_trans(r, v_base + n4 * 32);
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-#pragma unroll
-              for (int odd = 0; odd < 2; ++odd) {
-                const uint32_t select = odd ? 0x31u : 0x20u;  // bytes (odd, 2 + odd)
-                const uint32_t b0 = e4m3x2_to_half2(__byte_perm(r[2 * c], 0u, select));
-                const uint32_t b1 = e4m3x2_to_half2(__byte_perm(r[2 * c + 1], 0u, select));
-                mma_16816<Element>(acc_o[2 * (2 * n4 + c) + odd], a, b0, b1);
-              }
+            for (int i = 0; i < 4; ++i) {
+              const int nt = 2 * kk + (i >> 1), hf = i & 1;
+              const float2 pv = *reinterpret_cast<const float2*>(p_in + hf * 8 * Traits::kSPitch + nt * 8);
+              p_frag[kk][i] =
+                  pack2<Element>(pv.x * (key_scale[nt][0] * inv_norm), pv.y * (key_scale[nt][1] * inv_norm));
             }
           }
-        } else {
-          const Element* v_base = sK + v_row * kPitch + wq * Traits::kDvPerWarp + (lane >> 4) * 8;
+        }
 #pragma unroll
-          for (int n2 = 0; n2 < Traits::kDvPerWarp / 16; ++n2) {
-            uint32_t b[4];
-            ldmatrix_x4_trans(b, v_base + n2 * 16);
-            mma_16816<Element>(acc_o[2 * n2], a, b[0], b[1]);
-            mma_16816<Element>(acc_o[2 * n2 + 1], a, b[2], b[3]);
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+          uint32_t a[4];
+          if constexpr (Traits::kRegisterP) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[i] = p_frag[kk][i];
+          } else {
+            ldmatrix_x4(a, p_base + kk * 16);
+          }
+          const int v_row = kk * 16 + (lane % 8) + ((lane >> 3) & 1) * 8;
+          if constexpr (Traits::kRawFp8) {
+            // Matrices (keys 0-7, 8-15) x (bytes 0-15, 16-31) of each 32 columns, transposed as b16:
+            // thread (n = lane / 4, j = lane % 4) gets bytes 2n, 2n + 1 of keys 2j and 2j + 1 (of
+            // 8 more). Its even bytes are the B fragment of n-tile "even columns", the odd ones of
+            // "odd columns": acc_o[2 b + odd] holds columns 16 b + 2 n' + odd (the epilogue's order).
+            const uint8_t* v_base =
+                sK_bytes + v_row * Traits::kSmemRowBytes + wq * Traits::kDvPerWarp + (lane >> 4) * 16;
+#pragma unroll
+            for (int n4 = 0; n4 < Traits::kDvPerWarp / 32; ++n4) {
+              uint32_t r[4];
+              ldmatrix_x4_trans(r, v_base + n4 * 32);
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+#pragma unroll
+                for (int odd = 0; odd < 2; ++odd) {
+                  const uint32_t select = odd ? 0x31u : 0x20u;  // bytes (odd, 2 + odd)
+                  const uint32_t b0 = e4m3x2_to_half2(__byte_perm(r[2 * c], 0u, select));
+                  const uint32_t b1 = e4m3x2_to_half2(__byte_perm(r[2 * c + 1], 0u, select));
+                  mma_16816<Element>(acc_o[2 * (2 * n4 + c) + odd], a, b0, b1);
+                }
+              }
+            }
+          } else {
+            const Element* v_base = sK + v_row * kPitch + wq * Traits::kDvPerWarp + (lane >> 4) * 8;
+#pragma unroll
+            for (int n2 = 0; n2 < Traits::kDvPerWarp / 16; ++n2) {
+              uint32_t b[4];
+              ldmatrix_x4_trans(b, v_base + n2 * 16);
+              mma_16816<Element>(acc_o[2 * n2], a, b[0], b[1]);
+              mma_16816<Element>(acc_o[2 * n2 + 1], a, b[2], b[3]);
+            }
           }
         }
       }
