@@ -153,6 +153,11 @@ def test_no_bar_when_planned_vllm_kernels_did_not_run_or_disagree_wildly(tmp_pat
     failed_ref = _records(runs, **{runs[2].key: {"key": runs[2].key, "ok": False, "error": "boom"}})
     report = e2e.evaluate(runs, failed_ref, tmp_path)
     assert not report["passed"] and "not measured" in report["models"][DS.name]["bar"]["problem"]
+    assert "no run of vLLM's own kernels" in report["models"][DS.name]["bar"]["problem"]
+    # The exact reference failed, vLLM's kernel ran: the problem names the exact run, not vLLM's.
+    failed_exact = _records(runs, **{runs[0].key: {"key": runs[0].key, "ok": False, "error": "AssertionError"}})
+    problem = e2e.evaluate(runs, failed_exact, tmp_path)["models"][DS.name]["bar"]["problem"]
+    assert "exact reference did not run" in problem and "FLASHMLA_SPARSE" in problem
     torch.save(_result([[1, 2, 3]], [-base], [-base]), tmp_path / f"{runs[2].key}.pt")  # a broken reference
     report = e2e.evaluate(runs, _records(runs), tmp_path)
     assert not report["passed"] and "broken reference" in report["models"][DS.name]["bar"]["problem"]

@@ -568,7 +568,11 @@ def evaluate(runs: list[Run], records: dict[str, dict], results_dir: Path) -> di
         fallback = FALLBACK_BARS[model_name]
         planned_theirs = [r for r in mruns if r.backend in VLLM_BACKENDS]
         if bar is None and planned_theirs:
-            bar_problem = "no run of vLLM's own kernels succeeded, so the spread was not measured"
+            # Name what failed: with one vLLM kernel run, the exact reference is the other half of
+            # the only pair (a failed exact run once read here as vLLM's kernels failing).
+            missing = ("no run of vLLM's own kernels succeeded" if not theirs else
+                       f"the exact reference did not run beside the one vLLM kernel that did ({theirs[0].backend})")
+            bar_problem = f"{missing}, so the spread was not measured"
         elif bar is not None and not all(bar[k] <= MAX_SPREAD_OVER_FALLBACK * fallback[k] for k in bar):
             bar_problem = f"the measured spread {bar} is over {MAX_SPREAD_OVER_FALLBACK:g}x the H200's: a broken reference"
         else:
@@ -614,9 +618,10 @@ def print_report(report: dict, device: str) -> None:
     console = Console()
     for name, m in report["models"].items():
         bar = m["bar"]
-        src = "measured in this run" if bar["measured"] else "no vLLM kernel here: the H200's spread for this model"
         if bar["problem"]:
-            src += f"; [red]no bar: {bar['problem']}[/red]"
+            src = f"[red]no bar: {bar['problem']}[/red]; shown: the H200's spread for this model"
+        else:
+            src = "measured in this run" if bar["measured"] else "no vLLM kernel here: the H200's spread for this model"
         console.print(f"\n[bold]{name}[/bold] on {device}: bar = {bar['factor']:g} x spread ({src}): "
                       f"1 - mean step cos <= {bar['factor'] * bar['step_cos_dev']:.2e}, "
                       f"prompt rel err <= {bar['factor'] * bar['prompt_rel_err']:.2%}")
