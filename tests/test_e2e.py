@@ -197,6 +197,31 @@ def test_workers_restart_after_a_failed_run_and_blame_only_a_crash(tmp_path, mon
     assert records[runs[1].key]["error"] == "x" and "worker exited (-11)" in records[runs[2].key]["error"]
 
 
+def test_a_run_stopped_by_vllms_memory_profiling_runs_once_more(tmp_path, monkeypatch):
+    """Another process freeing GPU memory during vLLM's start-up profile is not the run's fault:
+    one more try in a fresh worker, noted in the record; a second such stop stays a failure."""
+    runs = [Run(GLM.name, EXACT, "bfloat16", False), Run(GLM.name, OURS, "bfloat16", False)]
+    race = f"AssertionError: {e2e.PROFILING_RACE}. Initial free memory 135.22 GiB, current free memory 135.76 GiB."
+    script = iter([("race",), ("ok", "race"), ("race",)])
+
+    def fake_run(cmd, timeout):
+        spec = json.loads((tmp_path / "spec.json").read_text())
+        with open(tmp_path / "runs.jsonl", "a") as f:
+            for item, action in zip(spec["runs"], next(script)):
+                f.write(json.dumps({"key": Run(**item).key, "ok": action == "ok",
+                                    "error": "" if action == "ok" else race}) + "\n")
+                if action == "race":
+                    return type("P", (), {"returncode": e2e.RESTART})()
+        return type("P", (), {"returncode": 0})()
+
+    monkeypatch.setattr(e2e.subprocess, "run", fake_run)
+    records = e2e._run_workers(runs, {}, tmp_path, False, deadline=1e18)
+    assert records[runs[0].key]["ok"] and records[runs[0].key]["retried_after"] == race
+    assert not records[runs[1].key]["ok"] and records[runs[1].key]["retried_after"] == race
+    with pytest.raises(StopIteration):
+        next(script)  # exactly three workers: no third try for the second run
+
+
 @pytest.mark.parametrize("argv", [["e2e", "--kv", "int4"], ["e2e", "--models", "llama"], ["e2e", "--modes", "fast"],
                                   ["e2e", "--time-budget", "0"], ["e2e", "--time-budget", "nan"]])
 def test_cli_rejects_bad_arguments_with_exit_2(argv, capsys):

@@ -656,6 +656,9 @@ def print_report(report: dict, device: str) -> None:
         bad = [x for x in m["references"] if not x.get("ok")]
         for x in bad:
             console.print(f"[yellow]reference {x['run']} did not run: {x.get('error')}[/yellow]")
+        for x in [{"run": r.get("key"), **r} for r in m["rows"]] + m["references"]:
+            if x.get("retried_after"):
+                console.print(f"  {x['run']} ran a second time, after: {x['retried_after'][:120]}")
         for x in m["references"]:
             if x.get("ok"):
                 console.print(f"  reference {x['run']}: {x['tokens_per_s']:.0f} tok/s, KV {x['kv_tokens']} tokens, "
@@ -667,12 +670,20 @@ def print_report(report: dict, device: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+# vLLM 0.33's start-up assert (v1/worker/gpu_worker.py determine_available_memory) when another
+# process frees GPU memory while it profiles: a desktop's or another job's doing, not the run's.
+PROFILING_RACE = "Error in memory profiling"
+
+
 def _run_workers(runs: list[Run], model_dirs: dict[str, str], out_dir: Path, quick: bool,
                  deadline: float) -> dict[str, dict]:
     """Workers run the plan one after another; a worker that dies is replaced for what is left,
-    the run it died in recorded as failed."""
+    the run it died in recorded as failed. A run that stopped in vLLM's memory profiling
+    (PROFILING_RACE) runs once more in a fresh worker; its record keeps the first error as
+    ``retried_after``."""
     log = out_dir / "runs.jsonl"
     pending = list(runs)
+    retried: dict[str, str] = {}
     while pending:
         spec = out_dir / "spec.json"
         spec.write_text(json.dumps({"runs": [dataclasses.asdict(r) for r in pending], "model_dirs": model_dirs,
@@ -682,8 +693,14 @@ def _run_workers(runs: list[Run], model_dirs: dict[str, str], out_dir: Path, qui
             rc = subprocess.run(cmd, timeout=max(60.0, deadline - time.time() + 120)).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-        done = {json.loads(line)["key"] for line in log.read_text().splitlines()} if log.exists() else set()
-        left = [r for r in pending if r.key not in done]
+        latest = {}
+        for line in log.read_text().splitlines() if log.exists() else []:
+            rec = json.loads(line)
+            latest[rec["key"]] = rec
+        left = [r for r in pending if r.key not in latest]
+        again = [r for r in pending if r.key in latest and r.key not in retried
+                 and PROFILING_RACE in latest[r.key].get("error", "")]
+        retried.update((r.key, latest[r.key]["error"]) for r in again)
         # A worker that died took the run it was in (RESTART: it recorded its failure and asks
         # for a fresh process); one that returned 0 without finishing (it should not) leaves the
         # rest unrun rather than loop.
@@ -691,11 +708,13 @@ def _run_workers(runs: list[Run], model_dirs: dict[str, str], out_dir: Path, qui
         with open(log, "a") as f:
             for r in failed:
                 f.write(json.dumps({"key": r.key, "ok": False, "error": f"worker exited ({rc})"}) + "\n")
-        pending = left[len(failed):]
+        pending = again + left[len(failed):]
     records = {}
     for line in log.read_text().splitlines():
         rec = json.loads(line)
         records[rec["key"]] = rec
+    for key, error in retried.items():
+        records[key]["retried_after"] = error
     return records
 
 
