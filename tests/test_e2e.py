@@ -142,7 +142,7 @@ def _records(runs, **overrides):
     return recs
 
 
-def test_no_bar_when_planned_vllm_kernels_did_not_run_or_disagree_wildly(tmp_path):
+def test_no_bar_when_planned_vllm_kernels_did_not_run_or_disagree_wildly(tmp_path, capsys):
     torch.manual_seed(2)
     base = torch.randn(3, 16)
     runs = [Run(DS.name, EXACT, "bfloat16", False), Run(DS.name, OURS, "bfloat16", False),
@@ -161,6 +161,8 @@ def test_no_bar_when_planned_vllm_kernels_did_not_run_or_disagree_wildly(tmp_pat
     torch.save(_result([[1, 2, 3]], [-base], [-base]), tmp_path / f"{runs[2].key}.pt")  # a broken reference
     report = e2e.evaluate(runs, _records(runs), tmp_path)
     assert not report["passed"] and "broken reference" in report["models"][DS.name]["bar"]["problem"]
+    e2e.print_report(report, "GPU")  # the header names the figures it shows: this run's, not the H200's
+    assert "shown: the spread measured in this run" in " ".join(capsys.readouterr().out.split())
 
 
 def test_a_run_where_another_impl_served_some_layers_fails(tmp_path):
@@ -220,6 +222,32 @@ def test_a_run_stopped_by_vllms_memory_profiling_runs_once_more(tmp_path, monkey
     assert not records[runs[1].key]["ok"] and records[runs[1].key]["retried_after"] == race
     with pytest.raises(StopIteration):
         next(script)  # exactly three workers: no third try for the second run
+
+
+def test_a_crash_in_a_retried_run_is_that_runs_and_the_rest_still_run(tmp_path, monkeypatch):
+    runs = [Run(GLM.name, EXACT, "bfloat16", False), Run(GLM.name, OURS, "bfloat16", False)]
+    race = f"AssertionError: {e2e.PROFILING_RACE}."
+    script = iter([("race",), ("crash",), ("ok",)])
+    started = []
+
+    def fake_run(cmd, timeout):
+        spec = json.loads((tmp_path / "spec.json").read_text())
+        with open(tmp_path / "runs.jsonl", "a") as f:
+            for item, action in zip(spec["runs"], next(script)):
+                started.append(Run(**item).key)
+                if action == "crash":
+                    return type("P", (), {"returncode": -11})()
+                f.write(json.dumps({"key": Run(**item).key, "ok": action == "ok",
+                                    "error": "" if action == "ok" else race}) + "\n")
+                if action == "race":
+                    return type("P", (), {"returncode": e2e.RESTART})()
+        return type("P", (), {"returncode": 0})()
+
+    monkeypatch.setattr(e2e.subprocess, "run", fake_run)
+    records = e2e._run_workers(runs, {}, tmp_path, False, deadline=1e18)
+    assert started == [runs[0].key, runs[0].key, runs[1].key]
+    assert "worker exited (-11)" in records[runs[0].key]["error"] and records[runs[0].key]["retried_after"] == race
+    assert records[runs[1].key]["ok"]
 
 
 @pytest.mark.parametrize("argv", [["e2e", "--kv", "int4"], ["e2e", "--models", "llama"], ["e2e", "--modes", "fast"],

@@ -25,6 +25,7 @@ parent compares the results.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import math
@@ -570,8 +571,9 @@ def evaluate(runs: list[Run], records: dict[str, dict], results_dir: Path) -> di
         if bar is None and planned_theirs:
             # Name what failed: with one vLLM kernel run, the exact reference is the other half of
             # the only pair (a failed exact run once read here as vLLM's kernels failing).
+            ran = ", ".join(sorted({t.backend for t in theirs}))
             missing = ("no run of vLLM's own kernels succeeded" if not theirs else
-                       f"the exact reference did not run beside the one vLLM kernel that did ({theirs[0].backend})")
+                       f"the exact reference did not run, and vLLM's kernels that did ({ran}) form no pair")
             bar_problem = f"{missing}, so the spread was not measured"
         elif bar is not None and not all(bar[k] <= MAX_SPREAD_OVER_FALLBACK * fallback[k] for k in bar):
             bar_problem = f"the measured spread {bar} is over {MAX_SPREAD_OVER_FALLBACK:g}x the H200's: a broken reference"
@@ -619,7 +621,8 @@ def print_report(report: dict, device: str) -> None:
     for name, m in report["models"].items():
         bar = m["bar"]
         if bar["problem"]:
-            src = f"[red]no bar: {bar['problem']}[/red]; shown: the H200's spread for this model"
+            shown = "the spread measured in this run" if bar["measured"] else "the H200's spread for this model"
+            src = f"[red]no bar: {bar['problem']}[/red]; shown: {shown}"
         else:
             src = "measured in this run" if bar["measured"] else "no vLLM kernel here: the H200's spread for this model"
         console.print(f"\n[bold]{name}[/bold] on {device}: bar = {bar['factor']:g} x spread ({src}): "
@@ -658,7 +661,8 @@ def print_report(report: dict, device: str) -> None:
             console.print(f"[yellow]reference {x['run']} did not run: {x.get('error')}[/yellow]")
         for x in [{"run": r.get("key"), **r} for r in m["rows"]] + m["references"]:
             if x.get("retried_after"):
-                console.print(f"  {x['run']} ran a second time, after: {x['retried_after'][:120]}")
+                second = "ok" if x.get("ok") else x.get("error", "")[:80]
+                console.print(f"  {x['run']}: first try stopped ({x['retried_after'][:100]}); second try: {second}")
         for x in m["references"]:
             if x.get("ok"):
                 console.print(f"  reference {x['run']}: {x['tokens_per_s']:.0f} tok/s, KV {x['kv_tokens']} tokens, "
@@ -693,13 +697,15 @@ def _run_workers(runs: list[Run], model_dirs: dict[str, str], out_dir: Path, qui
             rc = subprocess.run(cmd, timeout=max(60.0, deadline - time.time() + 120)).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-        latest = {}
+        latest, tries = {}, collections.Counter()
         for line in log.read_text().splitlines() if log.exists() else []:
             rec = json.loads(line)
             latest[rec["key"]] = rec
-        left = [r for r in pending if r.key not in latest]
-        again = [r for r in pending if r.key in latest and r.key not in retried
-                 and PROFILING_RACE in latest[r.key].get("error", "")]
+            tries[rec["key"]] += 1
+        # A retried run has finished once its second record is in.
+        left = [r for r in pending if tries[r.key] < 1 + (r.key in retried)]
+        again = [r for r in pending if r.key not in retried and tries[r.key] == 1
+                 and PROFILING_RACE in str(latest[r.key].get("error", ""))]
         retried.update((r.key, latest[r.key]["error"]) for r in again)
         # A worker that died took the run it was in (RESTART: it recorded its failure and asks
         # for a fresh process); one that returned 0 without finishing (it should not) leaves the
