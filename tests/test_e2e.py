@@ -174,79 +174,60 @@ def test_a_run_where_another_impl_served_some_layers_fails(tmp_path):
     assert not e2e.evaluate(runs, mixed, tmp_path)["passed"]
 
 
-def test_workers_restart_after_a_failed_run_and_blame_only_a_crash(tmp_path, monkeypatch):
-    """RESTART: the worker recorded its failure and asks for a fresh process (no blame); any other
-    non-zero exit took the run it was in."""
-    runs = [Run(GLM.name, OURS, "bfloat16", False), Run(GLM.name, OURS, "fp8", False),
-            Run(GLM.name, OURS, "fp8_ds_mla", False)]
-    script = iter([("ok", "fail"), ("crash",), ("ok",)])  # what each worker does, run by run
+def _scripted_workers(tmp_path, monkeypatch, script, error="x") -> list[str]:
+    """Stand-in workers: each takes the next tuple of ``script``, one action per pending run, as
+    worker_main would: "ok"; "fail" (records ``error``, returns RESTART); "crash" (dies, -11,
+    recording nothing). Returns the keys of the runs started, in order."""
+    script, started = iter(script), []
 
     def fake_run(cmd, timeout):
         spec = json.loads((tmp_path / "spec.json").read_text())
-        pending = [Run(**r) for r in spec["runs"]]
         with open(tmp_path / "runs.jsonl", "a") as f:
-            for run, action in zip(pending, next(script)):
+            for item, action in zip(spec["runs"], next(script)):
+                key = Run(**item).key
+                started.append(key)
                 if action == "crash":
                     return type("P", (), {"returncode": -11})()
-                f.write(json.dumps({"key": run.key, "ok": action == "ok", "error": "" if action == "ok" else "x"}) + "\n")
+                f.write(json.dumps({"key": key, "ok": action == "ok", "error": "" if action == "ok" else error}) + "\n")
                 if action == "fail":
                     return type("P", (), {"returncode": e2e.RESTART})()
         return type("P", (), {"returncode": 0})()
 
     monkeypatch.setattr(e2e.subprocess, "run", fake_run)
+    return started
+
+
+def test_workers_restart_after_a_failed_run_and_blame_only_a_crash(tmp_path, monkeypatch):
+    """RESTART: the worker recorded its failure and asks for a fresh process (no blame); any other
+    non-zero exit took the run it was in."""
+    runs = [Run(GLM.name, OURS, "bfloat16", False), Run(GLM.name, OURS, "fp8", False),
+            Run(GLM.name, OURS, "fp8_ds_mla", False)]
+    _scripted_workers(tmp_path, monkeypatch, [("ok", "fail"), ("crash",), ("ok",)])
     records = e2e._run_workers(runs, {}, tmp_path, False, deadline=1e18)
     assert [records[r.key]["ok"] for r in runs] == [True, False, False]
     assert records[runs[1].key]["error"] == "x" and "worker exited (-11)" in records[runs[2].key]["error"]
+
+
+RACE = f"AssertionError: {e2e.PROFILING_RACE}. Initial free memory 135.22 GiB, current free memory 135.76 GiB."
 
 
 def test_a_run_stopped_by_vllms_memory_profiling_runs_once_more(tmp_path, monkeypatch):
     """Another process freeing GPU memory during vLLM's start-up profile is not the run's fault:
     one more try in a fresh worker, noted in the record; a second such stop stays a failure."""
     runs = [Run(GLM.name, EXACT, "bfloat16", False), Run(GLM.name, OURS, "bfloat16", False)]
-    race = f"AssertionError: {e2e.PROFILING_RACE}. Initial free memory 135.22 GiB, current free memory 135.76 GiB."
-    script = iter([("race",), ("ok", "race"), ("race",)])
-
-    def fake_run(cmd, timeout):
-        spec = json.loads((tmp_path / "spec.json").read_text())
-        with open(tmp_path / "runs.jsonl", "a") as f:
-            for item, action in zip(spec["runs"], next(script)):
-                f.write(json.dumps({"key": Run(**item).key, "ok": action == "ok",
-                                    "error": "" if action == "ok" else race}) + "\n")
-                if action == "race":
-                    return type("P", (), {"returncode": e2e.RESTART})()
-        return type("P", (), {"returncode": 0})()
-
-    monkeypatch.setattr(e2e.subprocess, "run", fake_run)
+    started = _scripted_workers(tmp_path, monkeypatch, [("fail",), ("ok", "fail"), ("fail",)], error=RACE)
     records = e2e._run_workers(runs, {}, tmp_path, False, deadline=1e18)
-    assert records[runs[0].key]["ok"] and records[runs[0].key]["retried_after"] == race
-    assert not records[runs[1].key]["ok"] and records[runs[1].key]["retried_after"] == race
-    with pytest.raises(StopIteration):
-        next(script)  # exactly three workers: no third try for the second run
+    assert records[runs[0].key]["ok"] and records[runs[0].key]["retried_after"] == RACE
+    assert not records[runs[1].key]["ok"] and records[runs[1].key]["retried_after"] == RACE
+    assert started == [runs[0].key, runs[0].key, runs[1].key, runs[1].key]  # no third try
 
 
 def test_a_crash_in_a_retried_run_is_that_runs_and_the_rest_still_run(tmp_path, monkeypatch):
     runs = [Run(GLM.name, EXACT, "bfloat16", False), Run(GLM.name, OURS, "bfloat16", False)]
-    race = f"AssertionError: {e2e.PROFILING_RACE}."
-    script = iter([("race",), ("crash",), ("ok",)])
-    started = []
-
-    def fake_run(cmd, timeout):
-        spec = json.loads((tmp_path / "spec.json").read_text())
-        with open(tmp_path / "runs.jsonl", "a") as f:
-            for item, action in zip(spec["runs"], next(script)):
-                started.append(Run(**item).key)
-                if action == "crash":
-                    return type("P", (), {"returncode": -11})()
-                f.write(json.dumps({"key": Run(**item).key, "ok": action == "ok",
-                                    "error": "" if action == "ok" else race}) + "\n")
-                if action == "race":
-                    return type("P", (), {"returncode": e2e.RESTART})()
-        return type("P", (), {"returncode": 0})()
-
-    monkeypatch.setattr(e2e.subprocess, "run", fake_run)
+    started = _scripted_workers(tmp_path, monkeypatch, [("fail",), ("crash",), ("ok",)], error=RACE)
     records = e2e._run_workers(runs, {}, tmp_path, False, deadline=1e18)
     assert started == [runs[0].key, runs[0].key, runs[1].key]
-    assert "worker exited (-11)" in records[runs[0].key]["error"] and records[runs[0].key]["retried_after"] == race
+    assert "worker exited (-11)" in records[runs[0].key]["error"] and records[runs[0].key]["retried_after"] == RACE
     assert records[runs[1].key]["ok"]
 
 
