@@ -340,6 +340,29 @@ def test_fp8_ds_mla_e4m3_pv_option(monkeypatch, head_size, num_heads, block_head
         assert names and all(re.search(r"SparseMlaFwdTraits<.*, true>, \d+>", n) for n in names), (case.label(), names)
 
 
+@pytest.mark.parametrize("kv, q_dtype", [("bf16", "bf16"), ("fp16", "fp16"), ("fp16", "bf16")])
+@pytest.mark.parametrize("head_size", [512, 576])
+def test_wide_warps_family(monkeypatch, head_size, kv, q_dtype):
+    """SPARSE_MLA_WIDE_WARPS=1 (sparse_mla_fwd_wide.cuh, while it is measured against the main
+    kernel): 32-head 16-bit launches run the WideWarps kernel. Within verify's bars on fresh
+    NaN-poisoned inputs at 32, 40 (a padded head block) and 128 heads, unsplit and split (the
+    partial-result epilogue), with masked slots; the profiler sees the family (the traits' last
+    argument true) on every forward launch."""
+    from torch.profiler import ProfilerActivity, profile
+
+    monkeypatch.setenv(envs.WIDE_WARPS_ENV, "1")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for num_heads, num_tokens, topk, masking in ((32, 2 * sms, 512, "random"), (40, 272, 128, "topk_len"),
+                                                 (128, 4, 2048, "none"), (32, 3, 1000, "random")):
+        case = Case(head_size=head_size, num_heads=num_heads, topk=topk, num_tokens=num_tokens, kv_cache_dtype=kv,
+                    masking=masking, q_dtype=q_dtype, block_heads=32)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            result = verify.run_case(case, torch.device("cuda"))
+        _check(result)
+        names = [e.name for e in prof.events() if "sparse_mla_fwd_kernel" in e.name]
+        assert names and all(re.search(r"SparseMlaFwdTraits<.*, true>, \d+>", n) for n in names), (case.label(), names)
+
+
 @pytest.mark.parametrize("head_size", [512, 576])
 def test_cuda_graph_replay_with_padded_rows(head_size):
     _check(verify.run_graph_case(head_size, torch.device("cuda")))

@@ -62,6 +62,7 @@ def short_name(demangled: str) -> tuple[str, int]:
     if m:
         dyn = int(m.group(3))
         parts = m.group(2).replace("__nv_bfloat16", "bf16").replace("__half", "fp16").split(", ")
+        wide = parts.pop() if len(parts) == 9 else "false"  # the WideWarps family
         e4m3_pv = parts.pop() if len(parts) == 8 else "false"  # P V on e4m3 MMAs (a variant)
         paired = parts.pop() if len(parts) == 7 else "false"  # partial scores paired (a variant)
         raw_fp8 = parts.pop() if len(parts) == 6 else "true"  # fp8 tiles raw in shared memory
@@ -76,6 +77,8 @@ def short_name(demangled: str) -> tuple[str, int]:
             parts.append("paired scores")
         if e4m3_pv == "true":
             parts.append("e4m3 P V")
+        if wide == "true":
+            parts.append("wide warps")
         name = f"fwd<{', '.join(parts)}>"
     else:
         name = re.sub(r"^void ", "", name[: name.rfind("(")]).replace("__nv_bfloat16", "bf16").replace("__half", "fp16")

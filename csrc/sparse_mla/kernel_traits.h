@@ -25,7 +25,7 @@ constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2,
           bool kFp8RawTiles_ = !is_fp8(kFormat_) || kHeadGroups_ == 1 || kHeadDim_ == kHeadSizeRoPE ||
                                kFormat_ == KvFormat::kFp8DsMla,
-          bool kPairedScores_ = false, bool kE4m3Pv_ = false>
+          bool kPairedScores_ = false, bool kE4m3Pv_ = false, bool kWideWarps_ = false>
 struct SparseMlaFwdTraits {
   using QElement = QElement_;
   static constexpr KvFormat kFormat = kFormat_;
@@ -154,6 +154,17 @@ struct SparseMlaFwdTraits {
   static constexpr bool kHasE4m3PvVariant = !kE4m3Pv && !kPairedScores && kRawFp8 && kRegisterP;
   using E4m3Pv =
       SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, kCopyStages_, kFp8RawTiles_, false, true>;
+
+  // WideWarps (16-bit caches, 32-head blocks, q in one part): its own kernel body
+  // (sparse_mla_fwd_wide.cuh) in which every warp serves all 32 heads, so that each K and V
+  // fragment read from shared memory feeds two MMAs: S over a quarter of D for 16 of the tile's
+  // 32 keys, P V over 64 of the 512 output columns. Same shared-memory layout as the main kernel.
+  static constexpr bool kWideWarps = kWideWarps_;
+  static constexpr bool kWideWarpsFits = kDirectCopy && !kRawFp8 && kHeadGroups == 2 && !kQSplit && kStages == 2;
+  static_assert(!kWideWarps || kWideWarpsFits, "wide warps: 16-bit caches, 32-head blocks, q in one part");
+  static constexpr bool kHasWideWarpsVariant = !kWideWarps && kWideWarpsFits && !kPairedScores && !kE4m3Pv;
+  using WideWarps =
+      SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, kCopyStages_, kFp8RawTiles_, false, false, true>;
 
   static_assert(kSmemBytes <= kSmemBudgetBytes,
                 "a kernel instantiation exceeds the 101,376-byte shared-memory ceiling");

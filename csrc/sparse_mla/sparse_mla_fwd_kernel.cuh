@@ -20,19 +20,14 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "fwd_common.cuh"
 #include "kernel_traits.h"
 #include "kv_convert.cuh"
 #include "mma_utils.cuh"
 #include "params.h"
+#include "sparse_mla_fwd_wide.cuh"
 
 namespace sparse_mla {
-
-// Number of slots token t may use: topk, cut by topk_len[t] when given.
-__device__ __forceinline__ int token_topk(const SparseMlaFwdParams& p, int t) {
-  if (p.topk_len == nullptr) return p.topk;
-  const int len = __ldg(p.topk_len + t);
-  return len < 0 ? 0 : (len < p.topk ? len : p.topk);
-}
 
 // x0, x1 as MMA operand pairs: x ~= hi + lo with both in Element (lo only when kSplit).
 template <typename Element, bool kSplit>
@@ -78,6 +73,10 @@ template <typename Traits, int kSmemBytes>
 __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     sparse_mla_fwd_kernel(const SparseMlaFwdParams p) {
   static_assert(kSmemBytes == Traits::kSmemBytes);
+  if constexpr (Traits::kWideWarps) {  // its own kernel family, one entry point for the launch and the build checks
+    sparse_mla_fwd_wide_block<Traits>(p);
+    return;
+  }
   using Element = typename Traits::Element;
   using QElement = typename Traits::QElement;
   constexpr int kBlockH = Traits::kBlockH;

@@ -1,0 +1,303 @@
+// The WideWarps kernel family: 16-bit caches, blocks of 32 heads, q in one MMA part
+// (kernel_traits.h kWideWarps). Same grid, gather, shared-memory layout, softmax and epilogue
+// contract as the main kernel (sparse_mla_fwd_kernel.cuh); what differs is who computes what:
+//   S = Q K^T   warp (dq = warp % 4, kh = warp / 4): both head groups x keys 16 kh .. 16 kh + 15
+//               over quarter dq of D, Q of 32 heads in registers (each K fragment feeds 2 MMAs).
+//   softmax     as in the main kernel, the 4 partial scores of a (head, key) from the 4 quarters.
+//   O += P V    warp w: both head groups x output columns 64 w .. 64 w + 63 (each V fragment
+//               feeds 2 MMAs).
+// Per tile, each warp reads half the K and V fragment bytes of the main kernel's warps, for the
+// same MMAs; the price is that the phases of a tile synchronise the whole block.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "fwd_common.cuh"
+#include "kernel_traits.h"
+#include "mma_utils.cuh"
+#include "params.h"
+
+namespace sparse_mla {
+
+template <typename Traits>
+__device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdParams& p) {
+  static_assert(Traits::kWideWarps);
+  using Element = typename Traits::Element;
+  using QElement = typename Traits::QElement;
+  constexpr int kBlockH = Traits::kBlockH;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kPitch = Traits::kSmemPitch;
+  constexpr int kSPitch = Traits::kSPitch;
+  constexpr int kPPitch = Traits::kPPitch;
+  constexpr int kSteps = Traits::kStepsPerWarp;  // a quarter of D
+  constexpr int kLatentSteps = Traits::kLatentStepsPerWarp;
+  constexpr int kQuarters = 4;
+  constexpr int kMTiles = kBlockH / 16;
+  constexpr int kDvPerWarp = kHeadSizeV / Traits::kNumWarps;
+  constexpr int kLineChunks = 8;  // cp.async: 8 threads per row, whole 128-byte lines per warp
+  constexpr int kRowChunks = Traits::kGatherRowBytes / 16;
+  static_assert(kBlockH == 32 && kBlockN == 32 && Traits::kNumWarps == 8 && Traits::kNumThreads / kLineChunks == kBlockN);
+  static_assert(Traits::kHeadGroups * Traits::kSBuffersPerGroup * Traits::kSmemSPartElems == kQuarters * kBlockH * kSPitch &&
+                Traits::kHeadGroups * Traits::kPBuffers * Traits::kSmemPBufferElems == kBlockH * kPPitch,
+                "the main kernel's partial-score and P buffers, read as [quarter][head][key] and [head][key]");
+
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* sKV = smem + Traits::kSmemKVOffset;                            // [stage][kBlockN][row bytes]
+  float* sS = reinterpret_cast<float*>(smem + Traits::kSmemSOffset);      // [quarter][head][kSPitch]
+  Element* sP = reinterpret_cast<Element*>(smem + Traits::kSmemPOffset);  // [head][kPPitch]
+  float* sAlpha = reinterpret_cast<float*>(smem + Traits::kSmemStatsOffset);
+  float* sL = sAlpha + kBlockH;
+  int* sValid = reinterpret_cast<int*>(smem + Traits::kSmemValidOffset);
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int dq = warp % kQuarters;  // S: quarter of D
+  const int kh = warp / kQuarters;  // S: half of the tile's keys
+  const int head_blocks = (p.num_heads + kBlockH - 1) / kBlockH;
+  const int t = blockIdx.x / head_blocks;
+  const int h0 = (blockIdx.x % head_blocks) * kBlockH;
+  const int split = blockIdx.y;
+
+  const int topk_t = token_topk(p, t);
+  const int num_tiles_t = (topk_t + kBlockN - 1) / kBlockN;
+  const int tile_begin = split * p.tiles_per_split;
+  const int tile_end = min(tile_begin + p.tiles_per_split, num_tiles_t);
+  const int num_tiles = tile_end > tile_begin ? tile_end - tile_begin : 0;
+
+  // Gather: thread (g_row, g_sub) copies chunks g_sub, g_sub + 8, ... of row g_row of each tile.
+  // Indices are loaded a tile ahead and checked when used (as in the main kernel).
+  const int g_row = tid / kLineChunks;
+  const int g_sub = tid % kLineChunks;
+  const int32_t* idx_ptr = p.indices + static_cast<int64_t>(t) * p.indices_stride_t;
+  auto row_index = [&](int tile) -> int32_t {
+    const int j = (tile_begin + tile) * kBlockN + g_row;
+    return tile < num_tiles && j < topk_t ? __ldg(idx_ptr + j) : -1;
+  };
+  auto issue_row = [&](int32_t r, int stage) {
+    const bool valid = r >= 0 && r < p.num_kv_rows;
+    const uint8_t* row = p.kv + (valid ? static_cast<int64_t>(r) : 0) * p.kv_row_stride;
+    uint8_t* dst = sKV + stage * Traits::kSmemKVStageBytes + g_row * Traits::kSmemRowBytes;
+#pragma unroll
+    for (int c = g_sub; c < kRowChunks; c += kLineChunks) cp_async_16(dst + c * 16, row + c * 16, valid);
+    if (g_sub == 0) sValid[stage * kBlockN + g_row] = valid;
+    cp_async_commit();
+  };
+  int32_t next_row;  // the thread's row of the next tile to issue
+  {
+    const int32_t first = row_index(0), second = row_index(1);
+    issue_row(first, 0);
+    issue_row(second, 1);
+    next_row = row_index(2);
+  }
+
+  // First column of k-step s of quarter dq: its latent steps, then its rope step (D = 576).
+  auto step_col = [&](int s) {
+    return s < kLatentSteps ? (dq * kLatentSteps + s) * 16
+                            : kKvLoraRank + (dq * Traits::kRopeStepsPerWarp + s - kLatentSteps) * 16;
+  };
+  // Q of both head groups as m16n8k16 A fragments over this warp's k-steps, through fp32 (see the
+  // main kernel: an unconverted load would make the tile loop's MMAs wait on its index loads).
+  uint32_t q_frag[kSteps][kMTiles][4];
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int h = h0 + m * 16 + lane / 4 + rr * 8;
+      const bool ok = h < p.num_heads;
+      const int64_t hh = ok ? h : 0;
+      const QElement* qn = static_cast<const QElement*>(p.q_nope) + t * p.q_nope_stride_t + hh * p.q_nope_stride_h;
+      const QElement* qp = p.q_pe == nullptr ? qn
+                           : static_cast<const QElement*>(p.q_pe) + t * p.q_pe_stride_t + hh * p.q_pe_stride_h;
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s) {
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          const int c = step_col(s) + (lane % 4) * 2 + hi * 8;
+          const QElement* src = c < p.q_nope_dim ? qn + c : qp + (c - p.q_nope_dim);
+          const uint32_t raw = ok ? __ldg(reinterpret_cast<const uint32_t*>(src)) : 0u;
+          const QElement* v = reinterpret_cast<const QElement*>(&raw);
+          q_frag[s][m][rr + 2 * hi] = pack2<Element>(static_cast<float>(v[0]), static_cast<float>(v[1]));
+        }
+      }
+    }
+  }
+
+  // Softmax role, as in the main kernel: 8 threads per head, 4 keys each.
+  const int sm_h = tid / 8;
+  const int sm_k = (tid % 8) * 4;
+  float m_run = -INFINITY, l_run = 0.f;
+
+  float acc_o[kMTiles][kDvPerWarp / 8][4];
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+    for (int n = 0; n < kDvPerWarp / 8; ++n) acc_o[m][n][0] = acc_o[m][n][1] = acc_o[m][n][2] = acc_o[m][n][3] = 0.f;
+  }
+
+  // Per tile: barrier (tile landed; its stage's previous tile, sS and sP are free), S, barrier,
+  // softmax, barrier, P V.
+  for (int it = 0; it < num_tiles; ++it) {
+    const int stage = it % 2;
+    if (it == 0) cp_async_wait<1>();  // the prologue issued tiles 0 and 1
+    else cp_async_wait<0>();
+    __syncthreads();
+    if (it > 0 && it + 1 < num_tiles) {  // into the stage of tile it - 1
+      issue_row(next_row, (it + 1) % 2);
+      next_row = row_index(it + 2);
+    }
+    const Element* sK = reinterpret_cast<const Element*>(sKV + stage * Traits::kSmemKVStageBytes);
+
+    // 1. Partial S of both head groups x this warp's 16 keys over quarter dq.
+    {
+      float acc_s[kMTiles][2][4] = {};
+      const Element* k_base = sK + (kh * 16 + (lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) & 1) * 8;
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s) {
+        uint32_t b[4];  // keys 0-7 (b0, b1) and 8-15 (b2, b3) of the half
+        ldmatrix_x4(b, k_base + step_col(s));
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+          for (int m = 0; m < kMTiles; ++m) mma_16816<Element>(acc_s[m][nt], q_frag[s][m], b[2 * nt], b[2 * nt + 1]);
+        }
+      }
+      float* s_out = sS + dq * (kBlockH * kSPitch) + (lane / 4) * kSPitch + kh * 16 + (lane % 4) * 2;
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          *reinterpret_cast<float2*>(s_out + m * 16 * kSPitch + nt * 8) = make_float2(acc_s[m][nt][0], acc_s[m][nt][1]);
+          *reinterpret_cast<float2*>(s_out + (m * 16 + 8) * kSPitch + nt * 8) =
+              make_float2(acc_s[m][nt][2], acc_s[m][nt][3]);
+        }
+      }
+    }
+    __syncthreads();
+
+    // 2. Online softmax over the tile (base 2, fp32); P rounded once to the MMA type.
+    {
+      const float* s_in = sS + sm_h * kSPitch + sm_k;
+      float x[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int q = 0; q < kQuarters; ++q) {
+        const float4 s4 = *reinterpret_cast<const float4*>(s_in + q * (kBlockH * kSPitch));
+        x[0] += s4.x;
+        x[1] += s4.y;
+        x[2] += s4.z;
+        x[3] += s4.w;
+      }
+      const int* valid = sValid + stage * kBlockN + sm_k;
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        x[i] = valid[i] ? x[i] * p.sm_scale_log2 : -INFINITY;
+        tile_max = fmaxf(tile_max, x[i]);
+      }
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, o));
+      const float m_new = fmaxf(m_run, tile_max);
+      float alpha = 1.f, psum = 0.f;
+      float pr[4] = {0.f, 0.f, 0.f, 0.f};
+      if (m_new != -INFINITY) {  // else nothing valid so far: p = 0, state unchanged
+        alpha = exp2f(m_run - m_new);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          pr[i] = exp2f(x[i] - m_new);
+          psum += pr[i];
+        }
+      }
+      l_run = l_run * alpha + psum;
+      m_run = m_new;
+      *reinterpret_cast<uint2*>(sP + sm_h * kPPitch + sm_k) =
+          make_uint2(pack2<Element>(pr[0], pr[1]), pack2<Element>(pr[2], pr[3]));
+      if ((tid % 8) == 0) sAlpha[sm_h] = alpha;
+    }
+    __syncthreads();
+
+    // 3. O = alpha O + P V for both head groups x this warp's 64 columns.
+    {
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        const float alpha0 = sAlpha[m * 16 + lane / 4];
+        const float alpha1 = sAlpha[m * 16 + lane / 4 + 8];
+#pragma unroll
+        for (int n = 0; n < kDvPerWarp / 8; ++n) {
+          acc_o[m][n][0] *= alpha0;
+          acc_o[m][n][1] *= alpha0;
+          acc_o[m][n][2] *= alpha1;
+          acc_o[m][n][3] *= alpha1;
+        }
+      }
+      const Element* p_base = sP + (lane % 16) * kPPitch + (lane / 16) * 8;
+      const Element* v_base =
+          sK + ((lane % 8) + ((lane >> 3) & 1) * 8) * kPitch + warp * kDvPerWarp + (lane >> 4) * 8;
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        uint32_t a[kMTiles][4];
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) ldmatrix_x4(a[m], p_base + m * 16 * kPPitch + kk * 16);
+#pragma unroll
+        for (int n2 = 0; n2 < kDvPerWarp / 16; ++n2) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, v_base + kk * 16 * kPitch + n2 * 16);
+#pragma unroll
+          for (int m = 0; m < kMTiles; ++m) {
+            mma_16816<Element>(acc_o[m][2 * n2], a[m], b[0], b[1]);
+            mma_16816<Element>(acc_o[m][2 * n2 + 1], a[m], b[2], b[3]);
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();  // nothing may be in flight when the block exits
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // see the main kernel
+#endif
+
+  // Epilogue: as the main kernel's, for 16-bit caches.
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) l_run += __shfl_xor_sync(~0u, l_run, o);
+  if ((tid % 8) == 0) {
+    sL[sm_h] = l_run;
+    const int h = h0 + sm_h;
+    if (h < p.num_heads) {
+      const float lse = l_run > 0.f ? (m_run + log2f(l_run)) * 0.69314718055994531f : -INFINITY;
+      if (p.num_splits == 1)
+        p.lse[t * p.lse_stride_t + h * p.lse_stride_h] = lse;
+      else
+        p.partial_lse[(static_cast<int64_t>(t) * p.num_heads + h) * p.num_splits + split] = lse;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = m * 16 + lane / 4 + half * 8;
+      const int h = h0 + r;
+      if (h >= p.num_heads) continue;
+      const float l = sL[r];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int col0 = warp * kDvPerWarp + (lane % 4) * 2;  // + 8 n: acc_o[m][n][2 half + {0, 1}]
+      if (p.num_splits == 1) {
+        QElement* out = static_cast<QElement*>(p.out) + t * p.out_stride_t + static_cast<int64_t>(h) * p.out_stride_h;
+#pragma unroll
+        for (int n = 0; n < kDvPerWarp / 8; ++n)
+          *reinterpret_cast<uint32_t*>(out + col0 + n * 8) =
+              pack2<QElement>(acc_o[m][n][2 * half] * inv, acc_o[m][n][2 * half + 1] * inv);
+      } else {
+        float* out = p.partial_out + ((static_cast<int64_t>(t) * p.num_heads + h) * p.num_splits + split) * kHeadSizeV;
+#pragma unroll
+        for (int n = 0; n < kDvPerWarp / 8; ++n)
+          *reinterpret_cast<float2*>(out + col0 + n * 8) =
+              make_float2(acc_o[m][n][2 * half] * inv, acc_o[m][n][2 * half + 1] * inv);
+      }
+    }
+  }
+}
+
+}  // namespace sparse_mla
