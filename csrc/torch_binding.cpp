@@ -228,10 +228,9 @@ int64_t fwd_blocks_per_sm(at::ScalarType dtype, const std::string& kv_cache_dtyp
                        : variant == "one_stage"     ? FwdVariant::kOneStage
                        : variant == "decoded_fp8"   ? FwdVariant::kDecodedFp8
                        : variant == "paired_scores" ? FwdVariant::kPairedScores
-                       : variant == "wide_warps"    ? FwdVariant::kWideWarps
                                                     : static_cast<FwdVariant>(-1);
   TORCH_CHECK_VALUE(v != static_cast<FwdVariant>(-1),
-                    "variant must be main, one_stage, decoded_fp8, paired_scores or wide_warps, got '" + variant + "'");
+                    "variant must be main, one_stage, decoded_fp8 or paired_scores, got '" + variant + "'");
   TORCH_CHECK_VALUE(dtype == at::kBFloat16 || dtype == at::kHalf,
                     std::string("dtype must be bfloat16 or float16, got ") + c10::toString(dtype));
   TORCH_CHECK_VALUE(kv_cache_dtype != "auto", "kv_cache_dtype must name the cache format ('auto' needs a cache)");

@@ -142,15 +142,20 @@ def test_combine_of_more_splits_than_one_round_one_block_per_row(num_tokens, kv_
         assert _combine_kernel_configs(prof) == {(1, 16)}
 
 
+def _traits_args(name: str) -> list[str]:
+    """The template arguments of a forward kernel's traits, from its name (kernel_traits.h
+    SparseMlaFwdTraits): q type, cache format, D, head groups, copy stages, kFp8RawTiles,
+    kPairedScores, kE4m3Pv, kWideWarps; [] for another name."""
+    m = re.search(r"SparseMlaFwdTraits<(.*?)>, \d+>", name)
+    return m[1].split(", ") if m else []
+
+
 def _fwd_kernel_configs(prof) -> set[tuple[int, int, str]]:
-    """(head_size, head groups, kFp8RawTiles) of every forward kernel a profile saw, from the
-    names of its traits' template arguments (kernel_traits.h SparseMlaFwdTraits; the last two,
-    kPairedScores and kE4m3Pv, are not returned)."""
+    """(head_size, head groups, kFp8RawTiles) of every forward kernel a profile saw."""
     names = [e.name for e in prof.events() if "sparse_mla_fwd_kernel" in e.name]
-    pattern = r"SparseMlaFwdTraits<.*?, (512|576), ([12]), \d+, (true|false), (?:true|false), (?:true|false)>"
-    found = [re.search(pattern, n) for n in names]
-    assert names and all(found), names
-    return {(int(m[1]), int(m[2]), m[3]) for m in found}
+    args = [_traits_args(n) for n in names]
+    assert names and all(len(a) == 9 for a in args), names
+    return {(int(a[2]), int(a[3]), a[5]) for a in args}
 
 
 def _planned_block_heads(kv_cache_dtype: str, head_size: int, num_heads: int, split_short: bool) -> int:
@@ -300,10 +305,10 @@ def test_sm120_occupancy_emulation(same_package_env):
         "                                   kv_cache_dtype=kv), torch.device('cuda'))\n"
         "    return sorted({e.name for e in prof.events() if 'sparse_mla_' in e.name})\n"
         "split, unsplit = kernels(64, 2048), kernels(two_per_sm, 64)\n"
-        "one_stage = [any(', 1, 1, true, false, false>' in n for n in k) for k in (split, unsplit)]\n"
+        "one_stage = [any(', 1, 1, true, false, false, false>' in n for n in k) for k in (split, unsplit)]\n"
         "combined = any('combine' in n for n in split)\n"
         "ds_mla = kernels(two_per_sm, 64, 'fp8_ds_mla')\n"
-        "paired = bool(ds_mla) and all(', 2, true, true, false>' in n for n in ds_mla)\n"
+        "paired = bool(ds_mla) and all(', 2, true, true, false, false>' in n for n in ds_mla)\n"
         "print('occupancy', occupancy, 'failed', bad, 'kernels', split, unsplit, ds_mla)\n"
         "sys.exit(0 if occupancy == [1, 2, 1, 1, 0, 0, 2, 2, 2, 2, 0, 0, 2, 0, 0, 0] and not bad\n"
         "         and one_stage == [True, True] and combined and paired else 1)\n")
@@ -317,8 +322,8 @@ def test_sm120_occupancy_emulation(same_package_env):
 def test_fp8_ds_mla_e4m3_pv_option(monkeypatch, head_size, num_heads, block_heads):
     """SPARSE_MLA_E4M3_PV=1 (a measuring option, docs/kernel.md): fp8_ds_mla launches planned
     with their main kernel run P V on e4m3 MMAs, P as e4m3 hi + lo (sm_90 emulates the MMAs).
-    Within verify's bars on fresh NaN-poisoned inputs, and the profiler sees that variant (the
-    traits' last argument true): grids of more blocks than SMs (raw tiles), and v14's inputs where
+    Within verify's bars on fresh NaN-poisoned inputs, and the profiler sees that variant (its
+    traits' kE4m3Pv argument true): grids of more blocks than SMs (raw tiles), and v14's inputs where
     a few keys dominate each row (bench/HISTORY.md v14)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -337,20 +342,20 @@ def test_fp8_ds_mla_e4m3_pv_option(monkeypatch, head_size, num_heads, block_head
             result = verify.run_case(case, torch.device("cuda"))
         _check(result)
         names = [e.name for e in prof.events() if "sparse_mla_fwd_kernel" in e.name]
-        assert names and all(re.search(r"SparseMlaFwdTraits<.*, true>, \d+>", n) for n in names), (case.label(), names)
+        assert names and all(_traits_args(n)[7:] == ["true", "false"] for n in names), (case.label(), names)
 
 
-@pytest.mark.parametrize("kv, q_dtype", [("bf16", "bf16"), ("fp16", "fp16"), ("fp16", "bf16")])
+@pytest.mark.parametrize("kv, q_dtype", [("bf16", "bf16"), ("fp16", "fp16"), ("fp16", "bf16"), ("bf16", "fp16")])
 @pytest.mark.parametrize("head_size", [512, 576])
-def test_wide_warps_family(monkeypatch, head_size, kv, q_dtype):
-    """SPARSE_MLA_WIDE_WARPS=1 (sparse_mla_fwd_wide.cuh, while it is measured against the main
-    kernel): 32-head 16-bit launches run the WideWarps kernel. Within verify's bars on fresh
-    NaN-poisoned inputs at 32, 40 (a padded head block) and 128 heads, unsplit and split (the
-    partial-result epilogue), with masked slots; the profiler sees the family (the traits' last
-    argument true) on every forward launch."""
+def test_wide_warps_family(head_size, kv, q_dtype):
+    """32-head blocks of 16-bit caches run the WideWarps kernel family (sparse_mla_fwd_wide.cuh)
+    where q enters the MMAs in one part, the main kernel for fp16 q with a bf16 cache (the
+    profiler sees the traits' kWideWarps argument). Within verify's bars on fresh NaN-poisoned
+    inputs at 32, 40 (a padded head block) and 128 heads, unsplit and split (the partial-result
+    epilogue), with masked slots."""
     from torch.profiler import ProfilerActivity, profile
 
-    monkeypatch.setenv(envs.WIDE_WARPS_ENV, "1")
+    wide = "true" if (kv, q_dtype) != ("bf16", "fp16") else "false"
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for num_heads, num_tokens, topk, masking in ((32, 2 * sms, 512, "random"), (40, 272, 128, "topk_len"),
                                                  (128, 4, 2048, "none"), (32, 3, 1000, "random")):
@@ -360,7 +365,7 @@ def test_wide_warps_family(monkeypatch, head_size, kv, q_dtype):
             result = verify.run_case(case, torch.device("cuda"))
         _check(result)
         names = [e.name for e in prof.events() if "sparse_mla_fwd_kernel" in e.name]
-        assert names and all(re.search(r"SparseMlaFwdTraits<.*, true>, \d+>", n) for n in names), (case.label(), names)
+        assert names and all(_traits_args(n)[8:] == [wide] for n in names), (case.label(), names)
 
 
 @pytest.mark.parametrize("head_size", [512, 576])

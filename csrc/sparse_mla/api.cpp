@@ -356,11 +356,6 @@ SparseMlaFwdLaunch plan_sparse_mla_fwd(const SparseMlaFwdArgs& a, bool require_c
       sm_version >= 89 && blocks_per_sm != nullptr &&
       blocks_per_sm(dtype, format, p.head_size, plan.head_groups, FwdVariant::kE4m3Pv) > 0)
     p.variant = FwdVariant::kE4m3Pv;
-  // SPARSE_MLA_WIDE_WARPS=1, a measuring switch while the WideWarps family is compared with the
-  // main kernel: 32-head 16-bit launches planned with their main kernel run it where it exists.
-  if (plan.variant == FwdVariant::kMain && plan.head_groups == 2 && env_flag("SPARSE_MLA_WIDE_WARPS") &&
-      blocks_per_sm != nullptr && blocks_per_sm(dtype, format, p.head_size, plan.head_groups, FwdVariant::kWideWarps) > 0)
-    p.variant = FwdVariant::kWideWarps;
   p.combine_split_groups = plan.combine_split_groups;
   if (p.num_splits > 1) {
     float* ws = static_cast<float*>(const_cast<void*>(a.workspace.data));

@@ -17,6 +17,15 @@ constexpr int kMaxHeadGroups = 2;
 // The groups of the largest block a token of num_heads heads can fill.
 constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 
+// Whether a configuration's kernel is the WideWarps family (sparse_mla_fwd_wide.cuh): 32-head
+// blocks of 16-bit caches whose q enters the MMAs in one part, i.e. all but fp16 q with a bf16
+// cache. 1.08-1.13x faster than the main kernel there on the H200 (bench/HISTORY.md v29).
+template <typename QElement, KvFormat kFormat, int kHeadGroups, int kCopyStages>
+constexpr bool wide_warps_kernel() {
+  return !is_fp8(kFormat) && kHeadGroups == 2 && kCopyStages == 2 &&
+         !(kFormat == KvFormat::kBFloat16 && !std::is_same_v<QElement, __nv_bfloat16>);
+}
+
 // QElement: q / out type. kFormat: cache row format. kHeadDim: D (512 or 576). kHeadGroups:
 // groups of 16 heads per block. The last three select a variant (docs/design.md, the table of
 // variants): kCopyStages 1 is OneStage, kFp8RawTiles false DecodedFp8 (always so for fp8_e4m3's
@@ -25,7 +34,8 @@ constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2,
           bool kFp8RawTiles_ = !is_fp8(kFormat_) || kHeadGroups_ == 1 || kHeadDim_ == kHeadSizeRoPE ||
                                kFormat_ == KvFormat::kFp8DsMla,
-          bool kPairedScores_ = false, bool kE4m3Pv_ = false, bool kWideWarps_ = false>
+          bool kPairedScores_ = false, bool kE4m3Pv_ = false,
+          bool kWideWarps_ = wide_warps_kernel<QElement_, kFormat_, kHeadGroups_, kCopyStages_>()>
 struct SparseMlaFwdTraits {
   using QElement = QElement_;
   static constexpr KvFormat kFormat = kFormat_;
@@ -40,9 +50,6 @@ struct SparseMlaFwdTraits {
   using Element = std::conditional_t<kMmaBf16, __nv_bfloat16, __half>;  // MMA operand type
   static constexpr bool kQConvert = !std::is_same_v<QElement, Element>;
   static constexpr bool kQSplit = kMmaBf16 && kQConvert;
-  // S in two chains of MMAs (even and odd k-steps): measured faster only for bf16 q with a bf16
-  // cache in 32-head blocks (bench/HISTORY.md v16).
-  static constexpr bool kSTwoChains = kMmaBf16 && !kQSplit && kHeadGroups_ == 2;
   // fp8_ds_mla folds its per-row scales into P, so each warp's P differs (its column tile's
   // scales): the softmax writes p in fp32 and every warp builds its own P fragments in registers,
   // divided by a power of two near its tile's largest scale to keep fp16 out of the subnormals.
@@ -155,16 +162,14 @@ struct SparseMlaFwdTraits {
   using E4m3Pv =
       SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, kCopyStages_, kFp8RawTiles_, false, true>;
 
-  // WideWarps (16-bit caches, 32-head blocks, q in one part): its own kernel body
-  // (sparse_mla_fwd_wide.cuh) in which every warp serves all 32 heads, so that each K and V
-  // fragment read from shared memory feeds two MMAs: S over a quarter of D for 16 of the tile's
-  // 32 keys, P V over 64 of the 512 output columns. Same shared-memory layout as the main kernel.
+  // WideWarps (wide_warps_kernel): the kernel body of sparse_mla_fwd_wide.cuh, in which every
+  // warp serves all 32 heads, so that each K and V fragment read from shared memory feeds two
+  // MMAs: S over a quarter of D for 16 of the tile's 32 keys, P V over 64 of the 512 output
+  // columns. Same shared-memory layout as the main kernel.
   static constexpr bool kWideWarps = kWideWarps_;
-  static constexpr bool kWideWarpsFits = kDirectCopy && !kRawFp8 && kHeadGroups == 2 && !kQSplit && kStages == 2;
-  static_assert(!kWideWarps || kWideWarpsFits, "wide warps: 16-bit caches, 32-head blocks, q in one part");
-  static constexpr bool kHasWideWarpsVariant = !kWideWarps && kWideWarpsFits && !kPairedScores && !kE4m3Pv;
-  using WideWarps =
-      SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, kCopyStages_, kFp8RawTiles_, false, false, true>;
+  static_assert(kWideWarps == wide_warps_kernel<QElement_, kFormat_, kHeadGroups_, kCopyStages_>(),
+                "the kernel family follows from the configuration");
+  static_assert(!kWideWarps || (kDirectCopy && !kRawFp8 && !kQSplit && kStages == 2));
 
   static_assert(kSmemBytes <= kSmemBudgetBytes,
                 "a kernel instantiation exceeds the 101,376-byte shared-memory ceiling");

@@ -135,9 +135,6 @@ auto with_variant(FwdVariant variant, Fn&& fn, Missing&& missing) {
     case FwdVariant::kE4m3Pv:
       if constexpr (Traits::kHasE4m3PvVariant) return fn(typename Traits::E4m3Pv{});
       break;
-    case FwdVariant::kWideWarps:
-      if constexpr (Traits::kHasWideWarpsVariant) return fn(typename Traits::WideWarps{});
-      break;
   }
   return missing();
 }

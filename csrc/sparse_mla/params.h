@@ -8,8 +8,8 @@ namespace sparse_mla {
 
 // A kernel of one configuration: its main kernel, or one of the variants the planner may pick
 // (kernel_traits.h OneStage for 16-head 16-bit caches, DecodedFp8 for fp8 caches, PairedScores
-// for 16-head fp8_ds_mla at D = 576, E4m3Pv, WideWarps for 32-head 16-bit blocks).
-enum class FwdVariant : int { kMain = 0, kOneStage = 1, kDecodedFp8 = 2, kPairedScores = 3, kE4m3Pv = 4, kWideWarps = 5 };
+// for 16-head fp8_ds_mla at D = 576, E4m3Pv for fp8_ds_mla's P V on e4m3 MMAs).
+enum class FwdVariant : int { kMain = 0, kOneStage = 1, kDecodedFp8 = 2, kPairedScores = 3, kE4m3Pv = 4 };
 
 struct SparseMlaFwdParams {
   // q = [q_nope | q_pe]: q_nope [T, H, 512 or D]; q_pe [T, H, R] or null (q_nope holds all of D).

@@ -307,11 +307,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     {
       float acc_s[4][4] = {};
       float acc_rope[4][4] = {};
-      // Odd k-steps' chain where Traits::kSTwoChains: summed into acc_s after the loop.
-      float acc_s_odd[4][4] = {};
-      auto chain = [&](int s, int nt) -> float(&)[4] {
-        return Traits::kSTwoChains && (s & 1) ? acc_s_odd[nt] : acc_s[nt];
-      };
       const Element* k_base = sK + ((lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) & 1) * 8;
 #pragma unroll
       for (int s = 0; s < kSteps; ++s) {
@@ -326,7 +321,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
             for (int part = 0; part < kQParts; ++part)
-              mma_16816<Element>(chain(s, nt), q_frag[s][part], e4m3x2_to_half2(r[nt]), e4m3x2_to_half2(r[nt] >> 16));
+              mma_16816<Element>(acc_s[nt], q_frag[s][part], e4m3x2_to_half2(r[nt]), e4m3x2_to_half2(r[nt] >> 16));
           }
           continue;
         }
@@ -349,17 +344,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         ldmatrix_x4(b[1], k_base + 16 * kPitch + step_col(s));
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
-          float(&acc)[4] = (Traits::kDsMla && s >= kLatentSteps) ? acc_rope[nt] : chain(s, nt);
+          float(&acc)[4] = (Traits::kDsMla && s >= kLatentSteps) ? acc_rope[nt] : acc_s[nt];
 #pragma unroll
           for (int part = 0; part < kQParts; ++part)
             mma_16816<Element>(acc, q_frag[s][part], b[nt / 2][(nt % 2) * 2], b[nt / 2][(nt % 2) * 2 + 1]);
-        }
-      }
-      if constexpr (Traits::kSTwoChains) {
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc_s[nt][i] += acc_s_odd[nt][i];
         }
       }
       // Partial-score buffer of warp wq (kPairedScores: of warps wq and wq + 2).

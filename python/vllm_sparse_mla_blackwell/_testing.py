@@ -10,7 +10,7 @@ import torch
 
 from vllm_sparse_mla_blackwell import ops
 
-VARIANTS = ("main", "one_stage", "decoded_fp8", "paired_scores", "wide_warps")
+VARIANTS = ("main", "one_stage", "decoded_fp8", "paired_scores")
 
 
 def sparse_mla_fwd(*args, block_heads: int | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,8 +33,7 @@ def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, n
     the block: 1-16 the 16-head kernel, 17-128 the 32-head one. ``variant`` (``VARIANTS``) asks
     for one of the configuration's variants instead of its main kernel (``one_stage``: 16-head
     16-bit caches; ``decoded_fp8``: fp8 caches, but not fp8_e4m3's 32-head blocks at D = 512,
-    whose main kernel decodes once; ``paired_scores``: 16-head fp8_ds_mla at D = 576;
-    ``wide_warps``: 32-head 16-bit caches but fp16 q with a bf16 cache); 0 where the
+    whose main kernel decodes once; ``paired_scores``: 16-head fp8_ds_mla at D = 576); 0 where the
     configuration has none. The planner plans with these counts (docs/kernel.md); with
     ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the process's environment, those of an sm_120 SM. Raises
     ``ValueError`` for any other value, ``RuntimeError`` without the op library."""

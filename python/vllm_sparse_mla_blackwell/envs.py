@@ -9,8 +9,6 @@ SPARSE_MLA_ENV = "VLLM_GLM53_CUDA_SPARSE_MLA"
 MOE_INPUT_SCALE_ENV = "VLLM_GLM53_MOE_INPUT_SCALE"
 #: ``1``: fp8_ds_mla launches run P V on e4m3 MMAs where they can (a measuring option, docs/kernel.md).
 E4M3_PV_ENV = "SPARSE_MLA_E4M3_PV"
-#: ``1``: 32-head launches of 16-bit caches run the WideWarps kernel family (a measuring switch).
-WIDE_WARPS_ENV = "SPARSE_MLA_WIDE_WARPS"
 
 
 def flag(name: str) -> bool:

@@ -146,27 +146,28 @@ TEST(KernelTraits, SixteenHeadSixteenBitBlocksHaveAOneStageVariantThatFitsTwiceP
 
 namespace {
 
-// Two S chains (v16): measured faster only there.
+// The WideWarps kernel family (v29): the kernel of 32-head blocks of 16-bit caches whose q enters
+// the MMAs in one part (not fp16 q with a bf16 cache), of no other configuration or variant.
 template <typename Traits>
-void expect_bf16_q_and_cache_32_head_rules(const char* variant) {
-  const bool there = Traits::kFormat == KvFormat::kBFloat16 &&
-                     std::is_same_v<typename Traits::QElement, __nv_bfloat16> && Traits::kHeadGroups == 2;
+void expect_wide_warps_rule(const char* variant, bool is_main) {
+  const bool one_q_part = !(Traits::kFormat == KvFormat::kBFloat16 && std::is_same_v<typename Traits::QElement, __half>);
+  const bool there = is_main && !is_fp8(Traits::kFormat) && Traits::kHeadGroups == 2 && one_q_part;
   const auto config = [&] {
     return std::string(variant) + ": format " + std::to_string(static_cast<int>(Traits::kFormat)) + ", D " +
            std::to_string(Traits::kHeadDim) + ", " + std::to_string(Traits::kHeadGroups) + " head groups, q " +
            (std::is_same_v<typename Traits::QElement, __half> ? "fp16" : "bf16");
   };
-  EXPECT_EQ(Traits::kSTwoChains, there) << config();
+  EXPECT_EQ(Traits::kWideWarps, there) << config();
 }
 
 template <typename QElement, KvFormat kFormat, int kHeadDim, int kHeadGroups>
 void expect_rules_of_every_variant() {
   using Main = SparseMlaFwdTraits<QElement, kFormat, kHeadDim, kHeadGroups>;
-  expect_bf16_q_and_cache_32_head_rules<Main>("main");
-  if constexpr (Main::kHasOneStageVariant)
-    expect_bf16_q_and_cache_32_head_rules<typename Main::OneStage>("one-stage");
-  if constexpr (Main::kHasDecodedFp8Variant)
-    expect_bf16_q_and_cache_32_head_rules<typename Main::DecodedFp8>("decode-once");
+  expect_wide_warps_rule<Main>("main", true);
+  if constexpr (Main::kHasOneStageVariant) expect_wide_warps_rule<typename Main::OneStage>("one-stage", false);
+  if constexpr (Main::kHasDecodedFp8Variant) expect_wide_warps_rule<typename Main::DecodedFp8>("decode-once", false);
+  if constexpr (Main::kHasPairedScoresVariant) expect_wide_warps_rule<typename Main::PairedScores>("paired", false);
+  if constexpr (Main::kHasE4m3PvVariant) expect_wide_warps_rule<typename Main::E4m3Pv>("e4m3 P V", false);
 }
 
 template <typename QElement, KvFormat kFormat>
@@ -179,8 +180,8 @@ void expect_rules_of_every_shape() {
 
 }  // namespace
 
-TEST(KernelTraits, OnlyBf16QAndCacheThirtyTwoHeadBlocksAccumulateSInTwoChains) {
-  // Each rule's measurements are in kernel_traits.h beside it (bench/HISTORY.md v16, v17).
+TEST(KernelTraits, WideWarpsOnlyForThirtyTwoHeadSixteenBitBlocksWithQInOnePart) {
+  // The rule's measurement is in kernel_traits.h beside it (bench/HISTORY.md v29).
   for (auto check : {expect_rules_of_every_shape<__nv_bfloat16, KvFormat::kBFloat16>,
                      expect_rules_of_every_shape<__half, KvFormat::kBFloat16>,
                      expect_rules_of_every_shape<__nv_bfloat16, KvFormat::kFloat16>,
