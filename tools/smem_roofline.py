@@ -6,12 +6,16 @@ can serve at the mma.sync rate. A paper model: it counts every ldmatrix / ld.sha
     python tools/smem_roofline.py
 
 Tilings (per block of H heads, 32 KV rows per tile, D = 512 + R, V = the first 512 columns):
-  current   : 4 warps per 16 heads; in S each warp covers 16 heads x a quarter of D (q in
+  main      : 4 warps per 16 heads; in S each warp covers 16 heads x a quarter of D (q in
               registers) and writes fp32 partial scores, which the softmax sums; in P V each warp
               covers 16 heads x 128 columns (P from shared memory).
+  wide      : the WideWarps family (sparse_mla_fwd_wide.cuh), 8 warps per 32 heads; in S each
+              warp covers 32 heads x a quarter of D x half the tile's rows (72 registers of q), in
+              P V 32 heads x 64 columns: every K/V fragment feeds two m16 tiles, with the main
+              tiling's partial scores.
   wide-m    : 8 warps per 32 heads; each warp 32 heads x an eighth of D in S and 32 heads x 64
-              columns in P V: every K/V fragment feeds two m16 tiles, at the same registers
-              (36 for q, 64 accumulators), but twice the partial scores.
+              columns in P V: every K/V fragment feeds two m16 tiles, at the main tiling's
+              registers (36 for q, 64 accumulators), but twice the partial scores.
 """
 
 from __future__ import annotations
@@ -49,8 +53,8 @@ def tile_bytes_per_mma(tiling: str, heads: int, head_size: int, cache_bytes: int
     s_mmas = heads // 16 * (ROWS // 8) * (head_size // 16)
     pv_mmas = heads // 16 * (512 // 8) * (ROWS // 16)
     groups = heads // 16  # m16 tiles of heads
-    d_splits = 4 if tiling == "current" else 8  # warps that share one head tile's S over D
-    m_tiles_per_warp = 1 if tiling == "current" else 2
+    d_splits = 8 if tiling == "wide-m" else 4  # warps that share one head tile's S over D
+    m_tiles_per_warp = 1 if tiling == "main" else 2
     # A K or V value is read once per warp that needs it, for all the m16 tiles that warp covers;
     # each warp reads the P of its m16 tiles whole; the partial scores are written by every
     # D-split warp and read back by the softmax.
@@ -74,8 +78,9 @@ def tile_bytes_per_mma(tiling: str, heads: int, head_size: int, cache_bytes: int
 
 def main() -> None:
     configs = [
-        ("current", 16, "bf16 / fp16", 2, 2 * 576), ("current", 32, "bf16 / fp16", 2, 2 * 576),
-        ("current", 32, "fp8_e4m3 raw", 1, 576), ("current", 32, "fp8_ds_mla raw", 1, 656),
+        ("main", 16, "bf16 / fp16", 2, 2 * 576), ("main", 32, "bf16 / fp16", 2, 2 * 576),
+        ("main", 32, "fp8_e4m3 raw", 1, 576), ("main", 32, "fp8_ds_mla raw", 1, 656),
+        ("wide", 32, "bf16 / fp16", 2, 2 * 576),
         ("wide-m", 32, "bf16 / fp16", 2, 2 * 576), ("wide-m", 64, "bf16 / fp16", 2, 2 * 576),
         ("wide-m", 32, "fp8_e4m3 raw", 1, 576), ("wide-m", 32, "fp8_ds_mla raw", 1, 656),
     ]
@@ -89,10 +94,11 @@ def main() -> None:
         bounds = [min(1.0, SMEM_BYTES_PER_CLOCK / b["total"] / g.mmas_per_clock) for g in GPUS]
         print(f"{tiling:8} {heads:5d} {cache:15} {b['total']:6.0f} {b['smem bytes (two stages)'] / 1024:6.1f}  "
               + "  ".join(f"{x:>{len(n)}.2f}" for x, n in zip(bounds, names)))
-    print("\nper kind, current tiling, 32 heads, bf16 (B/MMA):")
-    for k, v in tile_bytes_per_mma("current", 32, 576, 2, 2 * 576).items():
-        if not k.startswith("smem"):
-            print(f"  {k:32} {v:6.0f}")
+    for tiling in ("main", "wide"):
+        print(f"\nper kind, {tiling} tiling, 32 heads, bf16 (B/MMA):")
+        for k, v in tile_bytes_per_mma(tiling, 32, 576, 2, 2 * 576).items():
+            if not k.startswith("smem"):
+                print(f"  {k:32} {v:6.0f}")
     print("\nmma.sync rate per SM and clock: " + ", ".join(f"{g.name}: {g.mmas_per_clock:.3f}" for g in GPUS))
 
 
