@@ -351,8 +351,8 @@ def test_wide_warps_family(head_size, kv, q_dtype):
     """32-head blocks of 16-bit caches run the WideWarps kernel family (sparse_mla_fwd_wide.cuh)
     where q enters the MMAs in one part, the main kernel for fp16 q with a bf16 cache (the
     profiler sees the traits' kWideWarps argument). Within verify's bars on fresh NaN-poisoned
-    inputs at 32, 40 (a padded head block) and 128 heads, unsplit and split (the partial-result
-    epilogue), with masked slots."""
+    inputs at 32, 40 (a padded head block) and 128 heads, with masked slots; the 3- and 4-token
+    launches are the ones the planner splits across blocks (the partial-result epilogue)."""
     from torch.profiler import ProfilerActivity, profile
 
     wide = "true" if (kv, q_dtype) != ("bf16", "fp16") else "false"
