@@ -150,12 +150,17 @@ def _traits_args(name: str) -> list[str]:
     return m[1].split(", ") if m else []
 
 
-def _fwd_kernel_configs(prof) -> set[tuple[int, int, str]]:
-    """(head_size, head groups, kFp8RawTiles) of every forward kernel a profile saw."""
+def _fwd_kernel_traits(prof) -> list[list[str]]:
+    """The traits arguments (_traits_args) of every forward kernel a profile saw; at least one."""
     names = [e.name for e in prof.events() if "sparse_mla_fwd_kernel" in e.name]
     args = [_traits_args(n) for n in names]
     assert names and all(len(a) == 9 for a in args), names
-    return {(int(a[2]), int(a[3]), a[5]) for a in args}
+    return args
+
+
+def _fwd_kernel_configs(prof) -> set[tuple[int, int, str]]:
+    """(head_size, head groups, kFp8RawTiles) of every forward kernel a profile saw."""
+    return {(int(a[2]), int(a[3]), a[5]) for a in _fwd_kernel_traits(prof)}
 
 
 def _planned_block_heads(kv_cache_dtype: str, head_size: int, num_heads: int, split_short: bool) -> int:
@@ -341,8 +346,7 @@ def test_fp8_ds_mla_e4m3_pv_option(monkeypatch, head_size, num_heads, block_head
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             result = verify.run_case(case, torch.device("cuda"))
         _check(result)
-        names = [e.name for e in prof.events() if "sparse_mla_fwd_kernel" in e.name]
-        assert names and all(_traits_args(n)[7:] == ["true", "false"] for n in names), (case.label(), names)
+        assert all(a[7:] == ["true", "false"] for a in _fwd_kernel_traits(prof)), case.label()
 
 
 @pytest.mark.parametrize("kv, q_dtype", [("bf16", "bf16"), ("fp16", "fp16"), ("fp16", "bf16"), ("bf16", "fp16")])
@@ -364,8 +368,7 @@ def test_wide_warps_family(head_size, kv, q_dtype):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             result = verify.run_case(case, torch.device("cuda"))
         _check(result)
-        names = [e.name for e in prof.events() if "sparse_mla_fwd_kernel" in e.name]
-        assert names and all(_traits_args(n)[8:] == [wide] for n in names), (case.label(), names)
+        assert all(a[8:] == [wide] for a in _fwd_kernel_traits(prof)), case.label()
 
 
 @pytest.mark.parametrize("head_size", [512, 576])
