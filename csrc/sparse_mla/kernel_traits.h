@@ -27,10 +27,10 @@ constexpr bool wide_warps_kernel() {
 }
 
 // QElement: q / out type. kFormat: cache row format. kHeadDim: D (512 or 576). kHeadGroups:
-// groups of 16 heads per block. The last three select a variant (docs/design.md, the table of
+// groups of 16 heads per block. The rest select a variant (docs/design.md, the table of
 // variants): kCopyStages 1 is OneStage, kFp8RawTiles false DecodedFp8 (always so for fp8_e4m3's
 // 32-head blocks at D = 512, where raw tiles did not pay: bench/HISTORY.md v13), kPairedScores
-// PairedScores.
+// PairedScores, kE4m3Pv E4m3Pv; kWideWarps, which the configuration sets, the WideWarps family.
 template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2,
           bool kFp8RawTiles_ = !is_fp8(kFormat_) || kHeadGroups_ == 1 || kHeadDim_ == kHeadSizeRoPE ||
                                kFormat_ == KvFormat::kFp8DsMla,
