@@ -346,7 +346,7 @@ def test_server_env_keeps_everything_and_prepends_the_hook(tmp_path):
 
 
 def _group(code: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, preexec_fn=serve_check.default_sigint)
     time.sleep(1.5)  # let it start its child and set its handlers
     return proc
 
@@ -358,6 +358,19 @@ def test_shutdown_of_a_group_that_stops_on_sigint():
     pytest.importorskip("psutil")
     res = serve_check.shutdown(_group(CHILD + "time.sleep(60)"), grace_s=10)
     assert res["passed"] and res["signals"] == ["SIGINT"] and res["leftover"] == []
+
+
+def test_processes_started_where_sigint_is_ignored_get_its_default():
+    """A check run from a shell job (`cmd &` in a script) inherits SIGINT ignored; the servers it
+    starts must still stop on shutdown's SIGINT, as they would from a terminal."""
+    code = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        inherited, reset = (subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                           preexec_fn=fn).stdout.strip() for fn in (None, serve_check.default_sigint))
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert (inherited, reset) == ("False", "True")
 
 
 def test_shutdown_kills_a_group_that_ignores_signals_and_fails():

@@ -276,6 +276,13 @@ def _complete(port: int, model: str, prompt: list[int], timeout: float) -> dict:
         return parse_choice(json.load(r)["choices"][0])
 
 
+def default_sigint() -> None:
+    """``preexec_fn`` of the processes this check starts: SIGINT at its default action. Started from
+    a shell job whose SIGINT is ignored (``cmd &`` in a script), they would inherit that, and Python
+    then installs no KeyboardInterrupt handler, so ``shutdown``'s SIGINT (Ctrl-C) would not stop them."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def shutdown(proc: subprocess.Popen, grace_s: float = SHUTDOWN_GRACE_S) -> dict:
     """Stop a server started in its own session as Ctrl-C does: SIGINT to its process group, then
     SIGTERM, ``grace_s`` seconds each for it and its children (listed with ``psutil`` first);
@@ -369,7 +376,8 @@ def check_model(name: str, tp: int, work: Path, deadline: float) -> dict:
     print(f"[serve] {name}: {row['command']}", flush=True)
     t0 = time.time()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=default_sigint)
     seq = conc = None
     try:
         row["error"] = _wait_health(proc, port, deadline - SHUTDOWN_GRACE_S)
@@ -392,7 +400,8 @@ def check_model(name: str, tp: int, work: Path, deadline: float) -> dict:
                                 "out": str(work / f"{name}.reference.out.json")}))
     with open(ref_log, "w") as log:  # its own session: a timeout stops its TP workers too
         ref_proc = subprocess.Popen([sys.executable, "-m", "vllm_sparse_mla_blackwell.serve_check", "--reference",
-                                     str(spec)], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                     str(spec)], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=default_sigint)
     try:
         rc = ref_proc.wait(max(60.0, deadline - time.time()))
     except subprocess.TimeoutExpired:
