@@ -61,24 +61,13 @@ def short_name(demangled: str) -> tuple[str, int]:
     m = re.match(r".*?(sparse_mla_fwd_kernel)<SparseMlaFwdTraits<(.*?)>, (\d+)>", name)
     if m:
         dyn = int(m.group(3))
-        parts = m.group(2).replace("__nv_bfloat16", "bf16").replace("__half", "fp16").split(", ")
-        wide = parts.pop() if len(parts) == 9 else "false"  # the WideWarps family
-        e4m3_pv = parts.pop() if len(parts) == 8 else "false"  # P V on e4m3 MMAs (a variant)
-        paired = parts.pop() if len(parts) == 7 else "false"  # partial scores paired (a variant)
-        raw_fp8 = parts.pop() if len(parts) == 6 else "true"  # fp8 tiles raw in shared memory
-        copy_stages = parts.pop() if len(parts) == 5 else "2"  # cp.async stages of 16-bit caches
-        if len(parts) == 4:  # q dtype, cache, D, head groups
-            parts[3] = f"{16 * int(parts[3])} heads"
-        if copy_stages == "1":
-            parts.append("one stage")
-        if raw_fp8 == "false":
-            parts.append("decoded tiles")
-        if paired == "true":
-            parts.append("paired scores")
-        if e4m3_pv == "true":
-            parts.append("e4m3 P V")
-        if wide == "true":
-            parts.append("wide warps")
+        # The traits' arguments, defaults included (kernel_traits.h SparseMlaFwdTraits).
+        q, cache, head_size, groups, stages, raw_fp8, paired, e4m3_pv, wide = (
+            m.group(2).replace("__nv_bfloat16", "bf16").replace("__half", "fp16").split(", "))
+        parts = [q, cache, head_size, f"{16 * int(groups)} heads"]
+        parts += [label for on, label in ((stages == "1", "one stage"), (raw_fp8 == "false", "decoded tiles"),
+                                          (paired == "true", "paired scores"), (e4m3_pv == "true", "e4m3 P V"),
+                                          (wide == "true", "wide warps")) if on]
         name = f"fwd<{', '.join(parts)}>"
     else:
         name = re.sub(r"^void ", "", name[: name.rfind("(")]).replace("__nv_bfloat16", "bf16").replace("__half", "fp16")
