@@ -146,6 +146,47 @@ TEST(KernelTraits, SixteenHeadSixteenBitBlocksHaveAOneStageVariantThatFitsTwiceP
 
 namespace {
 
+// Whether a warp's float2 accesses to fp32 scores of row pitch `pitch` (words) in MMA accumulator
+// order (lane: row lane / 4, columns 2 (lane % 4) + {0, 1}) are free of bank conflicts: shared
+// memory serves 64-bit accesses a half-warp at a time, so each half-warp's 32 words must fall
+// into 32 different banks.
+bool accumulator_order_float2_conflict_free(int pitch) {
+  for (int half = 0; half < 2; ++half) {
+    bool used[32] = {};
+    for (int lane = 16 * half; lane < 16 * half + 16; ++lane) {
+      for (int w = 0; w < 2; ++w) {
+        const int bank = ((lane / 4) * pitch + (lane % 4) * 2 + w) % 32;
+        if (used[bank]) return false;
+        used[bank] = true;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST(KernelTraits, AccumulatorOrderScoreAccessesAreConflictFree) {
+  EXPECT_FALSE(accumulator_order_float2_conflict_free(36));  // two-way: the check can fail
+  EXPECT_TRUE(accumulator_order_float2_conflict_free(40));
+  // Register-P warps read their scores, WideWarps warps write their partial scores, in that
+  // order (bench/HISTORY.md v30: WideWarps 1.02-1.06x faster at pitch 40 than at 36).
+  using DsMla = SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kFp8DsMla, 576, 1>;
+  static_assert(DsMla::kRegisterP);
+  EXPECT_TRUE(accumulator_order_float2_conflict_free(DsMla::kSPitch));
+  using Wide512 = SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, 512, 2>;
+  using Wide576 = SparseMlaFwdTraits<__half, KvFormat::kFloat16, 576, 2>;
+  static_assert(Wide512::kWideWarps && Wide576::kWideWarps);
+  EXPECT_TRUE(accumulator_order_float2_conflict_free(Wide512::kSPitch));
+  EXPECT_TRUE(accumulator_order_float2_conflict_free(Wide576::kSPitch));
+  // With it the family still fits one block on an sm_120 SM (98,304 and 90,112 bytes).
+  EXPECT_EQ(sm120_blocks_by_smem(Wide576::kSmemBytes), 1);
+  EXPECT_EQ(Wide576::kSmemBytes, 98304);
+  EXPECT_EQ(Wide512::kSmemBytes, 90112);
+}
+
+namespace {
+
 // The WideWarps kernel family (v29): the kernel of 32-head blocks of 16-bit caches whose q enters
 // the MMAs in one part (not fp16 q with a bf16 cache), of no other configuration or variant.
 template <typename Traits>
