@@ -70,10 +70,8 @@ def tile_bytes_per_mma(tiling: str, heads: int, head_size: int, cache_bytes: int
     out = {k: v / mmas for k, v in parts.items()}
     out["total"] = sum(parts.values()) / mmas
     # What it occupies: two stages of rows padded by 16 B (and a valid flag each), fp32 partial
-    # scores of pitch 36 (40 where warps of 32 heads write them: conflict-free float2 stores), the
-    # P buffers of pitch 40, the softmax statistics.
-    s_pitch = 36 if tiling == "main" else 40
-    out["smem bytes (two stages)"] = (2 * ROWS * (copy_row_bytes + 16 + 4) + heads * s_pitch * 4 * d_splits
+    # scores and the P buffers of pitch 40, the softmax statistics.
+    out["smem bytes (two stages)"] = (2 * ROWS * (copy_row_bytes + 16 + 4) + heads * 40 * 4 * d_splits
                                       + groups * 16 * 40 * 2 + 2 * heads * 4)
     return out
 

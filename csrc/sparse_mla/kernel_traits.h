@@ -103,10 +103,10 @@ struct SparseMlaFwdTraits {
                                                  : kHeadDim + 16;
   static constexpr int kGatherRowBytes = kRawFp8 && kDsMla ? kSmemRowBytes : kv_row_bytes(kFormat, kHeadDim);
   static_assert(kSmemRowBytes % 16 == 0 && (kSmemRowBytes / 16) % 2 == 1);
-  // fp32 scores (and, with register P, p in place of partial 0's), which register-P warps read
-  // and WideWarps warps write as float2 in accumulator order: pitch 40 keeps that free of bank
-  // conflicts (36: two-way; WideWarps 1.02-1.06x faster at 40, bench/HISTORY.md v30).
-  static constexpr int kSPitch = kBlockN + (kRegisterP || kWideWarps_ ? 8 : 4);
+  // fp32 scores (and, with register P, p in place of partial 0's), which the S warps write and
+  // register-P warps read as float2 in accumulator order: pitch 40 keeps that free of bank
+  // conflicts (36: two-way, 1.01-1.06x slower; bench/HISTORY.md v30).
+  static constexpr int kSPitch = kBlockN + 8;
   static constexpr int kPPitch = kBlockN + 8;      // probabilities, Element
 
   static constexpr int kSmemKVStageBytes = kBlockN * kSmemRowBytes;
@@ -166,7 +166,7 @@ struct SparseMlaFwdTraits {
   // WideWarps (wide_warps_kernel): the kernel body of sparse_mla_fwd_wide.cuh, in which every
   // warp serves all 32 heads, so that each K and V fragment read from shared memory feeds two
   // MMAs: S over a quarter of D for 16 of the tile's 32 keys, P V over 64 of the 512 output
-  // columns. The main kernel's shared-memory layout, with partial scores of pitch 40 (kSPitch).
+  // columns. The main kernel's shared-memory layout.
   static constexpr bool kWideWarps = kWideWarps_;
   static_assert(kWideWarps == wide_warps_kernel<QElement_, kFormat_, kHeadGroups_, kCopyStages_>(),
                 "the kernel family follows from the configuration");

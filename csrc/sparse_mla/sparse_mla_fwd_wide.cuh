@@ -1,7 +1,6 @@
 // The WideWarps kernel family: 16-bit caches, blocks of 32 heads, q in one MMA part
-// (kernel_traits.h kWideWarps). Same grid, gather, shared-memory layout (but for the partial
-// scores' pitch, kSPitch), softmax and epilogue contract as the main kernel
-// (sparse_mla_fwd_kernel.cuh); what differs is who computes what:
+// (kernel_traits.h kWideWarps). Same grid, gather, shared-memory layout, softmax and epilogue
+// contract as the main kernel (sparse_mla_fwd_kernel.cuh); what differs is who computes what:
 //   S = Q K^T   warp (dq = warp % 4, kh = warp / 4): both head groups x keys 16 kh .. 16 kh + 15
 //               over quarter dq of D, Q of 32 heads in registers (each K fragment feeds 2 MMAs).
 //   softmax     as in the main kernel, the 4 partial scores of a (head, key) from the 4 quarters.
