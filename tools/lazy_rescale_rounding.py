@@ -9,7 +9,7 @@ type, on inputs drawn like verify's (randn q and rows, the rows rounded to the c
 prints the worst per-row relative error of the bf16 / fp16 output against the float64 softmax:
 with the exact running maximum, with the lazy one, and with the lazy one normalised by the sum
 of the rounded p (which cancels the dominant term's rounding but not lse's). verify's bar is
-4e-3 (bench/HISTORY.md v30 for the figures).
+4e-3 (bench/NOTES.md, step B, for the figures).
 
     python tools/lazy_rescale_rounding.py [--seed 0] [--tokens 8] [--heads 16]
 """
