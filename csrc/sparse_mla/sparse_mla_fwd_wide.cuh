@@ -138,17 +138,13 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     for (int n = 0; n < kDvPerWarp / 8; ++n) acc_o[m][n][0] = acc_o[m][n][1] = acc_o[m][n][2] = acc_o[m][n][3] = 0.f;
   }
 
-  // Per tile: barrier (tile landed; its stage's previous tile, sS and sP are free), S, barrier,
-  // softmax, barrier, P V.
+  // Per tile: barrier (tile landed; its stage's previous tile, sS and sP are free), S (the next
+  // tile's gather issued halfway), barrier, softmax, barrier, P V.
   for (int it = 0; it < num_tiles; ++it) {
     const int stage = it % 2;
     if (it == 0) cp_async_wait<1>();  // the prologue issued tiles 0 and 1
     else cp_async_wait<0>();
     __syncthreads();
-    if (it > 0 && it + 1 < num_tiles) {  // into the stage of tile it - 1
-      issue_row(next_row, (it + 1) % 2);
-      next_row = row_index(it + 2);
-    }
     const Element* sK = reinterpret_cast<const Element*>(sKV + stage * Traits::kSmemKVStageBytes);
 
     // 1. Partial S of both head groups x this warp's 16 keys over quarter dq.
@@ -157,6 +153,13 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       const Element* k_base = sK + (kh * 16 + (lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) & 1) * 8;
 #pragma unroll
       for (int s = 0; s < kSteps; ++s) {
+        // The next tile's gather is issued here, not at the loop top: ptxas cannot tell the stages
+        // apart, so it keeps this tile's ldmatrix loads behind those cp.async writes, and ~115 issue
+        // slots would precede the first S MMA.
+        if (s == kSteps / 2 && it > 0 && it + 1 < num_tiles) {
+          issue_row(next_row, (it + 1) % 2);  // into the stage of tile it - 1
+          next_row = row_index(it + 2);
+        }
         uint32_t b[4];  // keys 0-7 (b0, b1) and 8-15 (b2, b3) of the half
         ldmatrix_x4(b, k_base + step_col(s));
 #pragma unroll
