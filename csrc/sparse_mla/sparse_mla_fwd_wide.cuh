@@ -68,8 +68,10 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   const int tile_end = min(tile_begin + p.tiles_per_split, num_tiles_t);
   const int num_tiles = tile_end > tile_begin ? tile_end - tile_begin : 0;
 
-  // Gather: thread (g_row, g_sub) copies chunks g_sub, g_sub + 8, ... of row g_row of each tile.
-  // Indices are loaded a tile ahead and checked when used (as in the main kernel).
+  // Gather: thread (g_row, g_sub) copies chunks g_sub, g_sub + 8, ... of row g_row of each tile,
+  // all from one source and one destination address, so that sm_90's ptxas emits immediate offsets
+  // instead of per-chunk address arithmetic. Indices are loaded a tile ahead and checked when used
+  // (as in the main kernel).
   const int g_row = tid / kLineChunks;
   const int g_sub = tid % kLineChunks;
   const int32_t* idx_ptr = p.indices + static_cast<int64_t>(t) * p.indices_stride_t;
@@ -79,10 +81,12 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   };
   auto issue_row = [&](int32_t r, int stage) {
     const bool valid = r >= 0 && r < p.num_kv_rows;
-    const uint8_t* row = p.kv + (valid ? static_cast<int64_t>(r) : 0) * p.kv_row_stride;
-    uint8_t* dst = sKV + stage * Traits::kSmemKVStageBytes + g_row * Traits::kSmemRowBytes;
+    const uint8_t* src = p.kv + (valid ? static_cast<int64_t>(r) : 0) * p.kv_row_stride + g_sub * 16;
+    uint8_t* dst = sKV + stage * Traits::kSmemKVStageBytes + g_row * Traits::kSmemRowBytes + g_sub * 16;
 #pragma unroll
-    for (int c = g_sub; c < kRowChunks; c += kLineChunks) cp_async_16(dst + c * 16, row + c * 16, valid);
+    for (int k = 0; k < kRowChunks / kLineChunks; ++k) cp_async_16(dst + k * 128, src + k * 128, valid);
+    if (kRowChunks % kLineChunks != 0 && g_sub < kRowChunks % kLineChunks)
+      cp_async_16(dst + (kRowChunks / kLineChunks) * 128, src + (kRowChunks / kLineChunks) * 128, valid);
     if (g_sub == 0) sValid[stage * kBlockN + g_row] = valid;
     cp_async_commit();
   };
