@@ -8,7 +8,7 @@ For a kernel change that should not move a single output bit (addressing, instru
 placement of copies), this is a stronger check than ``verify``'s error bars. ``save`` runs the op
 on D in {512, 576} x {16, 24, 32, 64, 128} heads x T in {1, 8, 64, 300} tokens x the given caches
 (topk 2048, 30 % of the slots masked; inputs from ``cases.make_inputs``, whose seeds do not depend
-on the process) and writes each launch's out and lse to DIR. ``cmp`` compares two such folders
+on the process) and writes each launch's out and lse to FOLDER. ``cmp`` compares two such folders
 (NaN-safe: the bits are compared) and prints, per launch that differs, the largest difference;
 exit 1 if any launch differs or the folders hold different launches. Needs a CUDA GPU for
 ``save``.
