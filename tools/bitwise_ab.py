@@ -30,6 +30,11 @@ KV_DTYPES = ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla")
 
 
 def save(folder: str, kv_dtypes: list[str]) -> None:
+    """Run the module docstring's launches for each cache dtype in ``kv_dtypes`` (names of
+    ``KV_DTYPES``; q is fp16 for the fp16 cache, bf16 otherwise) and write ``(out, lse)`` of each,
+    out ``[T, H, 512]`` in q's dtype and lse fp32 ``[T, H]`` on the CPU, to
+    ``FOLDER/{kv}_D{head_size}_H{num_heads}_T{num_tokens}.pt``. Needs a CUDA GPU and the built
+    package; the op's own errors propagate."""
     from vllm_sparse_mla_blackwell import cases, ops
 
     device = torch.device("cuda")
@@ -50,6 +55,10 @@ def save(folder: str, kv_dtypes: list[str]) -> None:
 
 
 def cmp(folder_a: str, folder_b: str) -> int:
+    """Compare two folders written by ``save``, bit for bit (out as int16, lse as int32, so NaN
+    and -inf compare by their bits). Prints each launch that differs with its largest absolute
+    difference (inf where either side holds a NaN), then the count. Returns 0 if every launch is
+    identical and both folders hold the same launches, else 1."""
     names_a, names_b = set(os.listdir(folder_a)), set(os.listdir(folder_b))
     if names_a != names_b:
         print(f"the folders hold different launches: {sorted(names_a ^ names_b)}")

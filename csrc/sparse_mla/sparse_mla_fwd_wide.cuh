@@ -39,6 +39,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   constexpr int kDvPerWarp = kHeadSizeV / Traits::kNumWarps;
   constexpr int kLineChunks = 8;  // cp.async: 8 threads per row, whole 128-byte lines per warp
   constexpr int kRowChunks = Traits::kGatherRowBytes / 16;
+  static_assert(kRowChunks % kLineChunks == 0, "16-bit rows of D = 512 / 576: whole 128-byte lines");
   static_assert(kBlockH == 32 && kBlockN == 32 && Traits::kNumWarps == 8 && Traits::kNumThreads / kLineChunks == kBlockN);
   static_assert(Traits::kHeadGroups * Traits::kSBuffersPerGroup * Traits::kSmemSPartElems == kQuarters * kBlockH * kSPitch &&
                 Traits::kHeadGroups * Traits::kPBuffers * Traits::kSmemPBufferElems == kBlockH * kPPitch,
@@ -85,8 +86,6 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     uint8_t* dst = sKV + stage * Traits::kSmemKVStageBytes + g_row * Traits::kSmemRowBytes + g_sub * 16;
 #pragma unroll
     for (int k = 0; k < kRowChunks / kLineChunks; ++k) cp_async_16(dst + k * 128, src + k * 128, valid);
-    if (kRowChunks % kLineChunks != 0 && g_sub < kRowChunks % kLineChunks)
-      cp_async_16(dst + (kRowChunks / kLineChunks) * 128, src + (kRowChunks / kLineChunks) * 128, valid);
     if (g_sub == 0) sValid[stage * kBlockN + g_row] = valid;
     cp_async_commit();
   };
