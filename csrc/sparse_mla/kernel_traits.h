@@ -90,8 +90,11 @@ struct SparseMlaFwdTraits {
   static constexpr bool kRawFp8 = is_fp8(kFormat) && kFp8RawTiles_;
   static constexpr bool kDirectCopy = kFormat == KvFormat::kBFloat16 || kFormat == KvFormat::kFloat16 || kRawFp8;
   static constexpr int kQParts = kQSplit ? 2 : 1;
-  // P buffers per head group (none with P in registers).
-  static constexpr int kPBuffers = kRegisterP ? 0 : 1;
+  // P buffers per head group: none with P in registers; two in the WideWarps family (below), whose
+  // P V of a tile runs beside the next tile's softmax, which also needs a second array of alpha.
+  static constexpr bool kWideWarps = kWideWarps_;
+  static constexpr int kPBuffers = kRegisterP ? 0 : kWideWarps ? 2 : 1;
+  static constexpr int kStatsArrays = kWideWarps ? 3 : 2;  // alpha (per tile in flight), l; kBlockH floats each
 
   // ldmatrix reads 8 rows at one column, and a row pitch that is an odd multiple of 16 bytes
   // (mod 128) puts those rows in 8 different bank groups: rows are padded by 16 bytes, but for
@@ -122,7 +125,7 @@ struct SparseMlaFwdTraits {
   static_assert(!kPairedScores || (kDirectCopy && kHeadGroups == 1), "paired partial scores: 16-head copied tiles");
   static constexpr int kSBuffersPerGroup = kPairedScores ? kWarpsPerGroup / 2 : kWarpsPerGroup;
   static constexpr int kSmemUnstaged = kHeadGroups * kSBuffersPerGroup * kSmemSPartBytes +
-                                       kHeadGroups * kPBuffers * kSmemPBufferElems * 2 + 2 * kBlockH * 4;
+                                       kHeadGroups * kPBuffers * kSmemPBufferElems * 2 + kStatsArrays * kBlockH * 4;
   static constexpr int kStages =
       kDirectCopy ? kCopyStages_ : (kHeadGroups == 2 && kSmemUnstaged + 2 * kSmemPerStage <= kSmemBudgetBytes) ? 2 : 1;
   // OneStage: a 16-head 16-bit block of one stage fits twice on a 100 KB SM (two stages: once);
@@ -138,7 +141,7 @@ struct SparseMlaFwdTraits {
   static constexpr int kSmemSOffset = kSmemKVOffset + kStages * kSmemKVStageBytes;  // sS [g][buffer][16][pitch]
   static constexpr int kSmemPOffset = kSmemSOffset + kHeadGroups * kSBuffersPerGroup * kSmemSPartBytes;  // sP, same
   static constexpr int kSmemStatsOffset = kSmemPOffset + kHeadGroups * kPBuffers * kSmemPBufferElems * 2;
-  static constexpr int kSmemValidOffset = kSmemStatsOffset + 2 * kBlockH * 4;  // alpha, l
+  static constexpr int kSmemValidOffset = kSmemStatsOffset + kStatsArrays * kBlockH * 4;  // alpha, l
   static constexpr int kSmemScaleOffset = kSmemValidOffset + kStages * kBlockN * 4;  // [stage][row][4]
   static constexpr int kSmemBytes = kSmemScaleOffset + (kScaleBuffer ? kStages * kBlockN * 4 * 4 : 0);
   static_assert(kSmemBytes == kSmemUnstaged + kStages * kSmemPerStage);
@@ -166,8 +169,7 @@ struct SparseMlaFwdTraits {
   // WideWarps (wide_warps_kernel): the kernel body of sparse_mla_fwd_wide.cuh, in which every
   // warp serves all 32 heads, so that each K and V fragment read from shared memory feeds two
   // MMAs: S over a quarter of D for 16 of the tile's 32 keys, P V over 64 of the 512 output
-  // columns. The main kernel's shared-memory layout.
-  static constexpr bool kWideWarps = kWideWarps_;
+  // columns. The main kernel's shared-memory layout but for a second P buffer and alpha array.
   static_assert(kWideWarps == wide_warps_kernel<QElement_, kFormat_, kHeadGroups_, kCopyStages_>(),
                 "the kernel family follows from the configuration");
   static_assert(!kWideWarps || (kDirectCopy && !kRawFp8 && !kQSplit && kStages == 2));

@@ -42,15 +42,15 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   static_assert(kRowChunks % kLineChunks == 0, "16-bit rows of D = 512 / 576: whole 128-byte lines");
   static_assert(kBlockH == 32 && kBlockN == 32 && Traits::kNumWarps == 8 && Traits::kNumThreads / kLineChunks == kBlockN);
   static_assert(Traits::kHeadGroups * Traits::kSBuffersPerGroup * Traits::kSmemSPartElems == kQuarters * kBlockH * kSPitch &&
-                Traits::kHeadGroups * Traits::kPBuffers * Traits::kSmemPBufferElems == kBlockH * kPPitch,
-                "the main kernel's partial-score and P buffers, read as [quarter][head][key] and [head][key]");
+                Traits::kHeadGroups * Traits::kPBuffers * Traits::kSmemPBufferElems == 2 * kBlockH * kPPitch,
+                "the partial-score and P buffers, read as [quarter][head][key] and [buffer][head][key]");
 
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* sKV = smem + Traits::kSmemKVOffset;                            // [stage][kBlockN][row bytes]
   float* sS = reinterpret_cast<float*>(smem + Traits::kSmemSOffset);      // [quarter][head][kSPitch]
-  Element* sP = reinterpret_cast<Element*>(smem + Traits::kSmemPOffset);  // [head][kPPitch]
-  float* sAlpha = reinterpret_cast<float*>(smem + Traits::kSmemStatsOffset);
-  float* sL = sAlpha + kBlockH;
+  Element* sP = reinterpret_cast<Element*>(smem + Traits::kSmemPOffset);  // [buffer][head][kPPitch]
+  float* sAlpha = reinterpret_cast<float*>(smem + Traits::kSmemStatsOffset);  // [buffer][head]
+  float* sL = sAlpha + 2 * kBlockH;
   int* sValid = reinterpret_cast<int*>(smem + Traits::kSmemValidOffset);
 
   const int tid = threadIdx.x;
@@ -141,8 +141,64 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     for (int n = 0; n < kDvPerWarp / 8; ++n) acc_o[m][n][0] = acc_o[m][n][1] = acc_o[m][n][2] = acc_o[m][n][3] = 0.f;
   }
 
-  // Per tile: barrier (tile landed; its stage's previous tile, sS and sP are free), S (the next
-  // tile's gather issued halfway), barrier, softmax, barrier, P V.
+  // P V of a tile runs one tile late, beside the next tile's softmax, whose chain of loads,
+  // shuffles and exponentials would otherwise leave the MMA pipe idle. Its V (this warp's 64
+  // columns x the 32 keys) waits in registers, so that the next gather may take its stage; its P
+  // and alpha wait in the second of two buffers.
+  uint32_t v_frag[kBlockN / 16][kDvPerWarp / 16][4];
+  const int v_off = ((lane % 8) + ((lane >> 3) & 1) * 8) * kPitch + warp * kDvPerWarp + (lane >> 4) * 8;
+  auto load_v = [&](const Element* sV) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+      for (int n2 = 0; n2 < kDvPerWarp / 16; ++n2) ldmatrix_x4_trans(v_frag[kk][n2], sV + v_off + kk * 16 * kPitch + n2 * 16);
+    }
+  };
+  // O = alpha O + P V for both head groups x this warp's 64 columns, from P / alpha buffer buf.
+  auto pv = [&](int buf) {
+    const float* alpha = sAlpha + buf * kBlockH;
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) {
+      const float alpha0 = alpha[m * 16 + lane / 4];
+      const float alpha1 = alpha[m * 16 + lane / 4 + 8];
+#pragma unroll
+      for (int n = 0; n < kDvPerWarp / 8; ++n) {
+        acc_o[m][n][0] *= alpha0;
+        acc_o[m][n][1] *= alpha0;
+        acc_o[m][n][2] *= alpha1;
+        acc_o[m][n][3] *= alpha1;
+      }
+    }
+    const Element* p_base = sP + buf * (kBlockH * kPPitch) + (lane % 16) * kPPitch + (lane / 16) * 8;
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      uint32_t a[kMTiles][4];
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) ldmatrix_x4(a[m], p_base + m * 16 * kPPitch + kk * 16);
+#pragma unroll
+      for (int n2 = 0; n2 < kDvPerWarp / 16; ++n2) {
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) {
+          mma_16816<Element>(acc_o[m][2 * n2], a[m], v_frag[kk][n2][0], v_frag[kk][n2][1]);
+          mma_16816<Element>(acc_o[m][2 * n2 + 1], a[m], v_frag[kk][n2][2], v_frag[kk][n2][3]);
+        }
+      }
+    }
+  };
+  // The first tile's late P V has no tile before it: P = 0 with V = 0 and alpha = 1 leave O at
+  // zero, and spare the loop a branch.
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+    for (int n2 = 0; n2 < kDvPerWarp / 16; ++n2) v_frag[kk][n2][0] = v_frag[kk][n2][1] = v_frag[kk][n2][2] = v_frag[kk][n2][3] = 0u;
+  }
+  for (int i = tid; i < kBlockH * kPPitch / 2; i += Traits::kNumThreads)
+    reinterpret_cast<uint32_t*>(sP + kBlockH * kPPitch)[i] = 0u;
+  if (tid < kBlockH) sAlpha[kBlockH + tid] = 1.f;
+
+  // Per tile: barrier (tile landed; the stage of the tile before it, sS and the other P buffer
+  // are free), S (the next tile's gather issued halfway), barrier, this tile's softmax beside the
+  // tile before's P V, and this tile's V into registers.
   for (int it = 0; it < num_tiles; ++it) {
     const int stage = it % 2;
     if (it == 0) cp_async_wait<1>();  // the prologue issued tiles 0 and 1
@@ -160,7 +216,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
         // apart, so it keeps this tile's ldmatrix loads behind those cp.async writes, and ~115 issue
         // slots would precede the first S MMA.
         if (s == kSteps / 2 && it > 0 && it + 1 < num_tiles) {
-          issue_row(next_row, (it + 1) % 2);  // into the stage of tile it - 1
+          issue_row(next_row, (it + 1) % 2);  // into the stage of tile it - 1, whose V is in registers
           next_row = row_index(it + 2);
         }
         uint32_t b[4];  // keys 0-7 (b0, b1) and 8-15 (b2, b3) of the half
@@ -184,7 +240,11 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     }
     __syncthreads();
 
-    // 2. Online softmax over the tile (base 2, fp32); P rounded once to the MMA type.
+    // 2. The tile before's P V, written first so that its loads precede the softmax's stores (ptxas
+    // does not move loads across stores it cannot tell apart) and its MMAs interleave with 3.
+    pv(stage ^ 1);
+
+    // 3. Online softmax over the tile (base 2, fp32); P rounded once to the MMA type.
     {
       const float* s_in = sS + sm_h * kSPitch + sm_k;
       float x[4] = {0.f, 0.f, 0.f, 0.f};
@@ -206,58 +266,30 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
 #pragma unroll
       for (int o = 1; o < 8; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, o));
       const float m_new = fmaxf(m_run, tile_max);
-      float alpha = 1.f, psum = 0.f;
-      float pr[4] = {0.f, 0.f, 0.f, 0.f};
-      if (m_new != -INFINITY) {  // else nothing valid so far: p = 0, state unchanged
-        alpha = exp2f(m_run - m_new);
+      // Nothing valid so far (m_new = -inf): p = 0, state unchanged. Selects, not a branch, so that
+      // ptxas may interleave this chain with the P V MMAs beside it.
+      const bool any = m_new != -INFINITY;
+      const float alpha = any ? exp2f(m_run - m_new) : 1.f;
+      float psum = 0.f;
+      float pr[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          pr[i] = exp2f(x[i] - m_new);
-          psum += pr[i];
-        }
+      for (int i = 0; i < 4; ++i) {
+        pr[i] = any ? exp2f(x[i] - m_new) : 0.f;
+        psum += pr[i];
       }
       l_run = l_run * alpha + psum;
       m_run = m_new;
-      *reinterpret_cast<uint2*>(sP + sm_h * kPPitch + sm_k) =
+      *reinterpret_cast<uint2*>(sP + stage * (kBlockH * kPPitch) + sm_h * kPPitch + sm_k) =
           make_uint2(pack2<Element>(pr[0], pr[1]), pack2<Element>(pr[2], pr[3]));
-      if ((tid % 8) == 0) sAlpha[sm_h] = alpha;
+      if ((tid % 8) == 0) sAlpha[stage * kBlockH + sm_h] = alpha;
     }
-    __syncthreads();
 
-    // 3. O = alpha O + P V for both head groups x this warp's 64 columns.
-    {
-#pragma unroll
-      for (int m = 0; m < kMTiles; ++m) {
-        const float alpha0 = sAlpha[m * 16 + lane / 4];
-        const float alpha1 = sAlpha[m * 16 + lane / 4 + 8];
-#pragma unroll
-        for (int n = 0; n < kDvPerWarp / 8; ++n) {
-          acc_o[m][n][0] *= alpha0;
-          acc_o[m][n][1] *= alpha0;
-          acc_o[m][n][2] *= alpha1;
-          acc_o[m][n][3] *= alpha1;
-        }
-      }
-      const Element* p_base = sP + (lane % 16) * kPPitch + (lane / 16) * 8;
-      const Element* v_base =
-          sK + ((lane % 8) + ((lane >> 3) & 1) * 8) * kPitch + warp * kDvPerWarp + (lane >> 4) * 8;
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        uint32_t a[kMTiles][4];
-#pragma unroll
-        for (int m = 0; m < kMTiles; ++m) ldmatrix_x4(a[m], p_base + m * 16 * kPPitch + kk * 16);
-#pragma unroll
-        for (int n2 = 0; n2 < kDvPerWarp / 16; ++n2) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, v_base + kk * 16 * kPitch + n2 * 16);
-#pragma unroll
-          for (int m = 0; m < kMTiles; ++m) {
-            mma_16816<Element>(acc_o[m][2 * n2], a[m], b[0], b[1]);
-            mma_16816<Element>(acc_o[m][2 * n2 + 1], a[m], b[2], b[3]);
-          }
-        }
-      }
-    }
+    // 4. This tile's V into registers.
+    load_v(sK);
+  }
+  if (num_tiles > 0) {
+    __syncthreads();  // the last tile's P and alpha
+    pv((num_tiles - 1) % 2);
   }
   cp_async_wait<0>();  // nothing may be in flight when the block exits
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
