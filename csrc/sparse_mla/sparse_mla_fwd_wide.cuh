@@ -5,9 +5,10 @@
 //               over quarter dq of D, Q of 32 heads in registers (each K fragment feeds 2 MMAs).
 //   softmax     as in the main kernel, the 4 partial scores of a (head, key) from the 4 quarters.
 //   O += P V    warp w: both head groups x output columns 64 w .. 64 w + 63 (each V fragment
-//               feeds 2 MMAs).
+//               feeds 2 MMAs), one tile late: beside the next tile's softmax.
 // Per tile, each warp reads half the K and V fragment bytes of the main kernel's warps, for the
-// same MMAs; the price is that the phases of a tile synchronise the whole block.
+// same MMAs; the price is that the phases of a tile synchronise the whole block (two barriers).
+// The shared-memory layout is the main kernel's but for a second P buffer and alpha array.
 #pragma once
 
 #include <cuda_runtime.h>
