@@ -110,7 +110,10 @@ struct SparseMlaFwdTraits {
   // register-P warps read as float2 in accumulator order: pitch 40 keeps that free of bank
   // conflicts (36: two-way, 1.01-1.06x slower; bench/HISTORY.md v30).
   static constexpr int kSPitch = kBlockN + 8;
-  static constexpr int kPPitch = kBlockN + 8;      // probabilities, Element
+  // Probabilities, Element. The WideWarps family's rows are unpadded and their 16-byte chunks
+  // swizzled instead (sparse_mla_fwd_wide.cuh p_chunk): its two P buffers must fit beside 576-wide
+  // 16-bit tiles.
+  static constexpr int kPPitch = kWideWarps ? kBlockN : kBlockN + 8;
 
   static constexpr int kSmemKVStageBytes = kBlockN * kSmemRowBytes;
   static constexpr int kSmemSPartElems = 16 * kSPitch;

@@ -130,6 +130,11 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     }
   }
 
+  // P rows are 64 bytes, two to a 128-byte line; 16-byte chunk c of row h sits at chunk
+  // c ^ ((h >> 1) & 3), so that the 8 rows an ldmatrix reads at one chunk hit 8 bank groups.
+  static_assert(kPPitch * 2 == 64 && kBlockN / 8 == 4);
+  auto p_chunk = [](int h, int c) { return c ^ ((h >> 1) & 3); };
+
   // Softmax role, as in the main kernel: 8 threads per head, 4 keys each.
   const int sm_h = tid / 8;
   const int sm_k = (tid % 8) * 4;
@@ -170,12 +175,13 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
         acc_o[m][n][3] *= alpha1;
       }
     }
-    const Element* p_base = sP + buf * (kBlockH * kPPitch) + (lane % 16) * kPPitch + (lane / 16) * 8;
+    const Element* p_row = sP + buf * (kBlockH * kPPitch) + (lane % 16) * kPPitch;  // + m * 16 rows: same swizzle
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const Element* p_base = p_row + p_chunk(lane % 16, 2 * kk + lane / 16) * 8;
       uint32_t a[kMTiles][4];
 #pragma unroll
-      for (int m = 0; m < kMTiles; ++m) ldmatrix_x4(a[m], p_base + m * 16 * kPPitch + kk * 16);
+      for (int m = 0; m < kMTiles; ++m) ldmatrix_x4(a[m], p_base + m * 16 * kPPitch);
 #pragma unroll
       for (int n2 = 0; n2 < kDvPerWarp / 16; ++n2) {
 #pragma unroll
@@ -280,7 +286,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       }
       l_run = l_run * alpha + psum;
       m_run = m_new;
-      *reinterpret_cast<uint2*>(sP + stage * (kBlockH * kPPitch) + sm_h * kPPitch + sm_k) =
+      *reinterpret_cast<uint2*>(sP + stage * (kBlockH * kPPitch) + sm_h * kPPitch + p_chunk(sm_h, sm_k / 8) * 8 + sm_k % 8) =
           make_uint2(pack2<Element>(pr[0], pr[1]), pack2<Element>(pr[2], pr[3]));
       if ((tid % 8) == 0) sAlpha[stage * kBlockH + sm_h] = alpha;
     }
