@@ -8,7 +8,6 @@
 //               feeds 2 MMAs), one tile late: beside the next tile's softmax.
 // Per tile, each warp reads half the K and V fragment bytes of the main kernel's warps, for the
 // same MMAs; the price is that the phases of a tile synchronise the whole block (two barriers).
-// The shared-memory layout is the main kernel's but for a second P buffer and alpha array.
 #pragma once
 
 #include <cuda_runtime.h>
