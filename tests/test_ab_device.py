@@ -1,0 +1,30 @@
+"""tools/ab_device.sh: the arguments it refuses before building anything (CPU only)."""
+
+import pathlib
+import subprocess
+
+TOOL = pathlib.Path(__file__).resolve().parent.parent / "tools" / "ab_device.sh"
+
+
+def run(*args, tmp_path):
+    return subprocess.run(["bash", str(TOOL), str(tmp_path / "out"), *args], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "AB_WORK": str(tmp_path / "work")})
+
+
+def test_without_builds_prints_its_usage(tmp_path):
+    r = run(tmp_path=tmp_path)
+    assert r.returncode == 2
+    assert "NAME=SOURCE" in r.stderr
+
+
+def test_a_build_must_be_named(tmp_path):
+    r = run("bench/candidates", tmp_path=tmp_path)
+    assert r.returncode == 2
+    assert "is not NAME=SOURCE" in r.stderr
+
+
+def test_a_missing_source_is_refused(tmp_path):
+    r = run(f"A={tmp_path / 'nowhere.diff'}", tmp_path=tmp_path)
+    assert r.returncode == 2
+    assert "no such folder or diff" in r.stderr
+    assert not (tmp_path / "work" / "lib_A").exists()
