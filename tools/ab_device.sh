@@ -5,52 +5,56 @@
 #
 #   tools/ab_device.sh OUT NAME=SOURCE [NAME=SOURCE ...]
 #
-# SOURCE is a source tree (a folder), or a .diff applied to a copy of this tree ("." is this tree
-# as it is). Environment: AB_ARCHS (default 90), AB_ROUNDS (default 2), AB_KV (default bf16,fp16),
-# AB_TOKENS (default 64,1024,4096), AB_STEPS (default "build bitwise bench"). Writes OUT/build_NAME.log,
-# OUT/bitwise_FIRST_NAME.txt, OUT/ab_NAME_R.json and OUT/compare_FIRST_NAME.txt; exits non-zero on
-# a failed build, save or bench run; a bitwise difference is reported and the timing goes on.
+# SOURCE is a source tree (a folder; "." from the repository root), or a .diff applied to a copy
+# of this repository; OUT and SOURCE are paths from the caller's directory. Environment:
+# AB_ARCHS (default 90), AB_ROUNDS (default 2), AB_KV (default bf16,fp16), AB_TOKENS (default
+# 64,1024,4096), AB_STEPS (default "build bitwise bench"). Writes OUT/build_NAME.log,
+# OUT/bitwise_FIRST_NAME.txt, OUT/ab_NAME_R.json and OUT/compare_FIRST_NAME.txt. Exits 2 on bad
+# arguments, 1 on a failed build, save or bench run; a bitwise difference is reported and the
+# timing goes on.
 set -euo pipefail
+[ $# -ge 2 ] || { sed -n '2,14p' "$0" >&2; exit 2; }
+out=$(realpath -m "$1"); shift
+specs=()
+for spec in "$@"; do
+  name=${spec%%=*}
+  [[ "$spec" == *=* && "$name" =~ ^[A-Za-z0-9_-]+$ ]] || { echo "ab_device: '$spec' is not NAME=SOURCE" >&2; exit 2; }
+  src=$(realpath -m "${spec#*=}")
+  [ -e "$src" ] || { echo "ab_device: $name: no such folder or diff: ${spec#*=}" >&2; exit 2; }
+  specs+=("$name=$src")
+done
 cd "$(dirname "$0")/.."
 root=$PWD
-
-[ $# -ge 2 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
-out=$(realpath -m "$1"); shift
 mkdir -p "$out"
 work=${AB_WORK:-/tmp/ab_device}
 archs=${AB_ARCHS:-90}
 rounds=${AB_ROUNDS:-2}
 kv=${AB_KV:-bf16,fp16}
 tokens=${AB_TOKENS:-64,1024,4096}
-steps=${AB_STEPS:-build bitwise bench}
+steps=" ${AB_STEPS:-build bitwise bench} "
 
 names=()
-for spec in "$@"; do
+for spec in "${specs[@]}"; do
   name=${spec%%=*}
   src=${spec#*=}
-  [[ "$spec" == *=* && "$name" =~ ^[A-Za-z0-9_-]+$ ]] || { echo "ab_device: '$spec' is not NAME=SOURCE" >&2; exit 2; }
   names+=("$name")
-  if [[ " $steps " == *" build "* ]]; then
-    tree=$work/src_$name
-    rm -rf "$tree" "$work/lib_$name"
-    if [ -d "$src" ]; then
-      mkdir -p "$tree" && (cd "$src" && tar --exclude=./.git --exclude=./build -cf - .) | (cd "$tree" && tar -xf -)
-    elif [ -f "$src" ]; then
-      mkdir -p "$tree" && tar --exclude=./.git --exclude=./build -cf - . | (cd "$tree" && tar -xf -)
-      patch -s -p1 -d "$tree" < "$(realpath "$src")"
-    else
-      echo "ab_device: $name: no such folder or diff: $src" >&2; exit 2
-    fi
-    echo "ab_device: building $name ($src) for sm_$archs"
-    start=$SECONDS
-    (cd "$tree" && GLM53_ARCHS=$archs python3 -m pip install --no-build-isolation --no-deps --target "$work/lib_$name" .) \
-      > "$out/build_$name.log" 2>&1 || { tail -30 "$out/build_$name.log" >&2; echo "ab_device: build of $name failed" >&2; exit 1; }
-    echo "ab_device: built $name in $((SECONDS - start)) s"
-  fi
+  [[ "$steps" == *" build "* ]] || continue
+  tree=$work/src_$name
+  rm -rf "$tree" "$work/lib_$name"
+  mkdir -p "$tree"
+  base=$root
+  [ -d "$src" ] && base=$src
+  (cd "$base" && tar --exclude=./.git --exclude=./build -cf - .) | (cd "$tree" && tar -xf -)
+  [ -f "$src" ] && patch -s -p1 -d "$tree" < "$src"
+  echo "ab_device: building $name ($src) for sm_$archs"
+  start=$SECONDS
+  (cd "$tree" && GLM53_ARCHS=$archs python3 -m pip install --no-build-isolation --no-deps --target "$work/lib_$name" .) \
+    > "$out/build_$name.log" 2>&1 || { tail -30 "$out/build_$name.log" >&2; echo "ab_device: build of $name failed" >&2; exit 1; }
+  echo "ab_device: built $name in $((SECONDS - start)) s"
 done
 
 first=${names[0]}
-if [[ " $steps " == *" bitwise "* ]]; then
+if [[ "$steps" == *" bitwise "* ]]; then
   for name in "${names[@]}"; do
     PYTHONPATH=$work/lib_$name python3 tools/bitwise_ab.py save "$work/bw_$name" --kv "$kv" > "$out/bitwise_save_$name.txt" 2>&1 \
       || { tail -5 "$out/bitwise_save_$name.txt" >&2; echo "ab_device: bitwise save of $name failed" >&2; exit 1; }
@@ -61,7 +65,7 @@ if [[ " $steps " == *" bitwise "* ]]; then
   done
 fi
 
-if [[ " $steps " == *" bench "* ]]; then
+if [[ "$steps" == *" bench "* ]]; then
   for r in $(seq 1 "$rounds"); do
     for name in "${names[@]}"; do
       (cd "$work" && PYTHONPATH=$work/lib_$name python3 -m vllm_sparse_mla_blackwell bench --quick --kv "$kv" --no-naive \
