@@ -159,34 +159,45 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       for (int n2 = 0; n2 < kDvPerWarp / 16; ++n2) ldmatrix_x4_trans(v_frag[kk][n2], sV + v_off + kk * 16 * kPitch + n2 * 16);
     }
   };
-  // O = alpha O + P V for both head groups x this warp's 64 columns, from P / alpha buffer buf.
-  auto pv = [&](int buf) {
-    const float* alpha = sAlpha + buf * kBlockH;
+  // The pending tile's P (A fragments) and alpha, read during the next tile's S: written before
+  // that turn's first barrier, they are ready then, and the P V after the second barrier then
+  // starts on registers while the softmax's loads are in flight.
+  uint32_t p_frag[kBlockN / 16][kMTiles][4];
+  float alpha_r[kMTiles][2];
+  const Element* p_row = sP + (lane % 16) * kPPitch;  // + m * 16 rows: same swizzle
+  auto load_p = [&](int buf) {
 #pragma unroll
     for (int m = 0; m < kMTiles; ++m) {
-      const float alpha0 = alpha[m * 16 + lane / 4];
-      const float alpha1 = alpha[m * 16 + lane / 4 + 8];
-#pragma unroll
-      for (int n = 0; n < kDvPerWarp / 8; ++n) {
-        acc_o[m][n][0] *= alpha0;
-        acc_o[m][n][1] *= alpha0;
-        acc_o[m][n][2] *= alpha1;
-        acc_o[m][n][3] *= alpha1;
-      }
+      alpha_r[m][0] = sAlpha[buf * kBlockH + m * 16 + lane / 4];
+      alpha_r[m][1] = sAlpha[buf * kBlockH + m * 16 + lane / 4 + 8];
     }
-    const Element* p_row = sP + buf * (kBlockH * kPPitch) + (lane % 16) * kPPitch;  // + m * 16 rows: same swizzle
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const Element* p_base = p_row + p_chunk(lane % 16, 2 * kk + lane / 16) * 8;
-      uint32_t a[kMTiles][4];
 #pragma unroll
-      for (int m = 0; m < kMTiles; ++m) ldmatrix_x4(a[m], p_base + m * 16 * kPPitch);
+      for (int m = 0; m < kMTiles; ++m)
+        ldmatrix_x4(p_frag[kk][m], p_row + buf * (kBlockH * kPPitch) + m * 16 * kPPitch + p_chunk(lane % 16, 2 * kk + lane / 16) * 8);
+    }
+  };
+  // O = alpha O + P V for both head groups x this warp's 64 columns, from p_frag, alpha_r, v_frag.
+  auto pv = [&]() {
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+      for (int n = 0; n < kDvPerWarp / 8; ++n) {
+        acc_o[m][n][0] *= alpha_r[m][0];
+        acc_o[m][n][1] *= alpha_r[m][0];
+        acc_o[m][n][2] *= alpha_r[m][1];
+        acc_o[m][n][3] *= alpha_r[m][1];
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
 #pragma unroll
       for (int n2 = 0; n2 < kDvPerWarp / 16; ++n2) {
 #pragma unroll
         for (int m = 0; m < kMTiles; ++m) {
-          mma_16816<Element>(acc_o[m][2 * n2], a[m], v_frag[kk][n2][0], v_frag[kk][n2][1]);
-          mma_16816<Element>(acc_o[m][2 * n2 + 1], a[m], v_frag[kk][n2][2], v_frag[kk][n2][3]);
+          mma_16816<Element>(acc_o[m][2 * n2], p_frag[kk][m], v_frag[kk][n2][0], v_frag[kk][n2][1]);
+          mma_16816<Element>(acc_o[m][2 * n2 + 1], p_frag[kk][m], v_frag[kk][n2][2], v_frag[kk][n2][3]);
         }
       }
     }
@@ -207,10 +218,13 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   // tile before's P V, and this tile's V into registers.
   for (int it = 0; it < num_tiles; ++it) {
     const int stage = it % 2;
-    if (it == 0) cp_async_wait<1>();  // the prologue issued tiles 0 and 1
-    else cp_async_wait<0>();
+    // Tile it is the latest group in flight (the first tile also waits for the second): a branch
+    // here would make every warp wait for its V ldmatrix loads before the barrier.
+    cp_async_wait<0>();
     __syncthreads();
     const Element* sK = reinterpret_cast<const Element*>(sKV + stage * Traits::kSmemKVStageBytes);
+
+    load_p(stage ^ 1);
 
     // 1. Partial S of both head groups x this warp's 16 keys over quarter dq.
     {
@@ -246,9 +260,8 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     }
     __syncthreads();
 
-    // 2. The tile before's P V, written first so that its loads precede the softmax's stores (ptxas
-    // does not move loads across stores it cannot tell apart) and its MMAs interleave with 3.
-    pv(stage ^ 1);
+    // 2. The tile before's P V, whose MMAs interleave with 3.
+    pv();
 
     // 3. Online softmax over the tile (base 2, fp32); P rounded once to the MMA type.
     {
@@ -295,7 +308,8 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   }
   if (num_tiles > 0) {
     __syncthreads();  // the last tile's P and alpha
-    pv((num_tiles - 1) % 2);
+    load_p((num_tiles - 1) % 2);
+    pv();
   }
   cp_async_wait<0>();  // nothing may be in flight when the block exits
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
