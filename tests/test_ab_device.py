@@ -18,7 +18,7 @@ def test_without_builds_prints_its_usage(tmp_path):
 
 
 def test_a_build_must_be_named(tmp_path):
-    r = run("bench/candidates", tmp_path=tmp_path)
+    r = run("bench/a.diff", tmp_path=tmp_path)
     assert r.returncode == 2
     assert "is not NAME=SOURCE" in r.stderr
 

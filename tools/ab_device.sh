@@ -11,9 +11,10 @@
 # 64,1024,4096), AB_STEPS (default "build bitwise bench"). Writes OUT/build_NAME.log,
 # OUT/bitwise_FIRST_NAME.txt, OUT/ab_NAME_R.json and OUT/compare_FIRST_NAME.txt. Exits 2 on bad
 # arguments, 1 on a failed build, save or bench run; a bitwise difference is reported and the
-# timing goes on.
+# timing goes on. A device call brings back only a few files: give OUT outside the call's $OUT
+# and pack it there (tar) in the same command.
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n '2,14p' "$0" >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,15p' "$0" >&2; exit 2; }
 out=$(realpath -m "$1"); shift
 specs=()
 for spec in "$@"; do
