@@ -1,0 +1,44 @@
+"""tools/phase_clocks.py: parses the measurement build's lines into cycles per tile (CPU only)."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+_TOOL = pathlib.Path(__file__).resolve().parent.parent / "tools" / "phase_clocks.py"
+_spec = importlib.util.spec_from_file_location("phase_clocks", _TOOL)
+phase_clocks = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(phase_clocks)
+
+LINES = [
+    "noise before\n",
+    "phase_clocks block 0 warp 0 tiles 10 loop 30000: 1000 2000 12000 3000 9000 2000\n",
+    "phase_clocks block 1 warp 0 tiles 20 loop 50000: 4000 2000 24000 2000 14000 2000\n",
+    "phase_clocks block 0 warp 1 tiles 10 loop 30000: 1000 500 12000 500 14000 1000\n",
+    "phase_clocks block 2 warp 1 tiles 0 loop 12: 0 0 0 0 0 0\n",  # a block without tiles
+]
+
+
+def test_cycles_per_tile_per_warp_and_over_all():
+    s = phase_clocks.summarise(phase_clocks.parse(LINES))
+    assert s["warp 0"] == pytest.approx([2750, 150, 150, 1200, 200, 800, 150])
+    assert s["warp 1"] == pytest.approx([3000, 100, 50, 1200, 50, 1400, 100])
+    assert s["all"][0] == pytest.approx((3000 + 2500 + 3000) / 3)
+    assert set(s) == {"warp 0", "warp 1", "all"}
+
+
+def test_input_without_clock_lines_is_an_error():
+    with pytest.raises(ValueError, match="measurement build"):
+        phase_clocks.parse(["DeepSeek-V3.2 H128 T1024 bf16: out finite = True\n"])
+    r = subprocess.run([sys.executable, str(_TOOL)], input="nothing\n", capture_output=True, text=True)
+    assert r.returncode == 1 and "measurement build" in r.stderr
+
+
+def test_command_prints_the_table():
+    r = subprocess.run([sys.executable, str(_TOOL)], input="".join(LINES), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "warp 1" in r.stdout and "3000" in r.stdout

@@ -1,0 +1,82 @@
+"""Summarise the WideWarps family's phase clocks: where each warp's tile-loop cycles go.
+
+A measurement build (``bench/candidates/v34-phase-clocks.diff``, never main) makes lane 0 of
+every warp of the first 16 blocks print, after the tile loop, its cycles summed over the tiles
+for each phase of a turn:
+
+    phase_clocks block B warp W tiles N loop L: GATHER BAR1 S BAR2 PV_SOFTMAX V_LOADS
+
+``clock64()`` reads are issue-ordered, so a phase ends when its last instruction has issued (S
+ends with the stores of its scores, which wait for its MMAs). The reads also keep ptxas from
+moving code across them: compare ``loop`` per tile with bench's time per tile to see what the
+measurement costs. Usage, on a GPU, with the measurement build on PYTHONPATH:
+
+    python3 bench/profile_shape.py --model DeepSeek-V3.2 --heads 128 --tokens 1024 --calls 1 \\
+        | python3 tools/phase_clocks.py
+
+Prints the cycles per tile of each phase averaged over blocks, per warp and for all warps. A warp
+that waits less than the others at a barrier arrived there later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import defaultdict
+
+from rich.console import Console
+from rich.table import Table
+
+PHASES = ("gather wait", "barrier 1", "S", "barrier 2", "P V + softmax", "V loads")
+LINE = re.compile(r"phase_clocks block (\d+) warp (\d+) tiles (\d+) loop (\d+): " + r" ".join([r"(-?\d+)"] * len(PHASES)))
+
+
+def parse(lines) -> dict[int, list[list[float]]]:
+    """``{warp: [[loop, phase...] per tile, one list per (block, launch)]}`` from the printed lines;
+    blocks without tiles are left out. Raises ValueError when no line matches."""
+    per_warp: dict[int, list[list[float]]] = defaultdict(list)
+    for line in lines:
+        m = LINE.search(line)
+        if not m:
+            continue
+        warp, tiles = int(m.group(2)), int(m.group(3))
+        if tiles == 0:
+            continue
+        per_warp[warp].append([int(g) / tiles for g in m.groups()[3:]])
+    if not per_warp:
+        raise ValueError("no 'phase_clocks' line with tiles in the input: was the measurement build on PYTHONPATH?")
+    return dict(per_warp)
+
+
+def summarise(per_warp: dict[int, list[list[float]]]) -> dict[str, list[float]]:
+    """Mean cycles per tile ``[loop, phase...]`` per warp (keys "warp W") and over all warps ("all")."""
+    def mean(rows):
+        return [sum(col) / len(rows) for col in zip(*rows)]
+
+    out = {f"warp {w}": mean(rows) for w, rows in sorted(per_warp.items())}
+    out["all"] = mean([r for rows in per_warp.values() for r in rows])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("file", nargs="?", help="the printed output (default: standard input)")
+    args = ap.parse_args()
+    with (open(args.file) if args.file else sys.stdin) as f:
+        try:
+            per_warp = parse(f)
+        except ValueError as e:
+            sys.exit(f"phase_clocks: {e}")
+    summary = summarise(per_warp)
+    table = Table(title=f"cycles per tile ({sum(len(v) for v in per_warp.values())} warp records)")
+    for name in ("", "loop", *PHASES, "rest"):
+        table.add_column(name, justify="right")
+    for name, row in summary.items():
+        loop, phases = row[0], row[1:]
+        table.add_row(name, f"{loop:.0f}", *(f"{c:.0f}" for c in phases), f"{loop - sum(phases):.0f}")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
