@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -288,3 +289,15 @@ def test_realistic_dummy_weights(monkeypatch):
     again = torch.empty(256, 1024)
     init(again, name="weight")
     assert torch.equal(again, w)
+
+
+def test_kernel_switches_are_the_sparse_mla_variables_set(monkeypatch):
+    from vllm_sparse_mla_blackwell import envs
+
+    for name in [k for k in os.environ if k.startswith("SPARSE_MLA_")]:
+        monkeypatch.delenv(name)
+    assert envs.kernel_switches() == {}
+    monkeypatch.setenv(envs.E4M3_PV_ENV, "1")
+    monkeypatch.setenv("SPARSE_MLA_DISABLE_PDL", "0")
+    monkeypatch.setenv(envs.SPARSE_MLA_ENV, "1")  # the plugin's switch, not the kernel's
+    assert envs.kernel_switches() == {"SPARSE_MLA_DISABLE_PDL": "0", "SPARSE_MLA_E4M3_PV": "1"}

@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_sparse_mla_blackwell.envs import SPARSE_MLA_ENV
+from vllm_sparse_mla_blackwell import envs
 
 OURS = "SPARSE_MLA_BLACKWELL"
 OURS_IMPL = "SparseMLABlackwellImpl"  # backend.SparseMLABlackwellImpl, by name: no vLLM import here
@@ -457,7 +457,7 @@ def worker_main(spec_path: str) -> int:
     # vLLM in this process: the exact-reference switch and the weight initialiser live here.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    os.environ[SPARSE_MLA_ENV] = "1"
+    os.environ[envs.SPARSE_MLA_ENV] = "1"
     _stub_missing_cutedsl()
     _install_realistic_dummy_weights()
     out_dir = Path(spec["out_dir"])
@@ -778,11 +778,13 @@ def main(models: tuple[str, ...] | None = None, kv_dtypes: tuple[str, ...] | Non
     chosen = [MODELS[n] for n in names]
     model_dirs = {m.name: str(write_model(m, out_dir / "models")) for m in chosen}
     runs = plan_runs(chosen, kv_dtypes or KV_CACHE_DTYPES, modes or MODES, capability)
-    print(f"e2e on {device}: {len(runs)} runs, results in {out_dir}", flush=True)
+    switches = envs.kernel_switches()
+    shown = "".join(f", {k}={v}" for k, v in switches.items())
+    print(f"e2e on {device}: {len(runs)} runs, results in {out_dir}{shown}", flush=True)
     t0 = time.perf_counter()
     records = _run_workers(runs, model_dirs, out_dir, quick, time.time() + time_budget_s)
     report = evaluate(runs, records, out_dir)
-    report.update(device=device, seconds=round(time.perf_counter() - t0), quick=quick,
+    report.update(device=device, seconds=round(time.perf_counter() - t0), quick=quick, kernel_switches=switches,
                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     print_report(report, device)
     if json_path:

@@ -15,3 +15,9 @@ def flag(name: str) -> bool:
     """Whether the environment variable ``name`` is set to a value starting with ``1``: the rule by
     which the kernel library reads its own switches (``SPARSE_MLA_*``, csrc/sparse_mla)."""
     return os.environ.get(name, "")[:1] == "1"
+
+
+def kernel_switches() -> dict[str, str]:
+    """The kernel library's switches (``SPARSE_MLA_*``) set in this process's environment, by name,
+    so that a measurement can record which kernels it ran (e.g. ``{"SPARSE_MLA_E4M3_PV": "1"}``)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("SPARSE_MLA_")}
