@@ -61,13 +61,13 @@ def summarise(per_warp: dict[int, list[list[float]]]) -> dict[str, list[float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("file", nargs="?", help="the printed output (default: standard input)")
+    ap.add_argument("file", nargs="?", type=argparse.FileType("r"), default=sys.stdin,
+                    help="the printed output (default: standard input)")
     args = ap.parse_args()
-    with (open(args.file) if args.file else sys.stdin) as f:
-        try:
-            per_warp = parse(f)
-        except ValueError as e:
-            sys.exit(f"phase_clocks: {e}")
+    try:
+        per_warp = parse(args.file)
+    except ValueError as e:
+        sys.exit(f"phase_clocks: {e}")
     summary = summarise(per_warp)
     table = Table(title=f"cycles per tile ({sum(len(v) for v in per_warp.values())} warp records)")
     for name in ("", "loop", *PHASES, "rest"):
