@@ -24,6 +24,7 @@ import argparse
 import re
 import sys
 from collections import defaultdict
+from statistics import fmean
 
 from rich.console import Console
 from rich.table import Table
@@ -52,7 +53,7 @@ def parse(lines) -> dict[int, list[list[float]]]:
 def summarise(per_warp: dict[int, list[list[float]]]) -> dict[str, list[float]]:
     """Mean cycles per tile ``[loop, phase...]`` per warp (keys "warp W") and over all warps ("all")."""
     def mean(rows):
-        return [sum(col) / len(rows) for col in zip(*rows)]
+        return [fmean(col) for col in zip(*rows)]
 
     out = {f"warp {w}": mean(rows) for w, rows in sorted(per_warp.items())}
     out["all"] = mean([r for rows in per_warp.values() for r in rows])
