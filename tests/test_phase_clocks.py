@@ -20,6 +20,9 @@ LINES = [
     "phase_clocks block 1 warp 0 tiles 20 loop 50000: 4000 2000 24000 2000 14000 2000\n",
     "phase_clocks block 0 warp 1 tiles 10 loop 30000: 1000 500 12000 500 14000 1000\n",
     "phase_clocks block 2 warp 1 tiles 0 loop 12: 0 0 0 0 0 0\n",  # a block without tiles
+    "block_clocks block 0 sm 3 start_ns 1000 end_ns 11000 prologue 1000 loop 15000 epilogue 2000 tiles 10\n",
+    "block_clocks block 1 sm 4 start_ns 2000 end_ns 22000 prologue 3000 loop 30000 epilogue 3000 tiles 20\n",
+    "block_clocks block 2 sm 5 start_ns 2000 end_ns 2000 prologue 5 loop 0 epilogue 5 tiles 0\n",
 ]
 
 
@@ -29,6 +32,16 @@ def test_cycles_per_tile_per_warp_and_over_all():
     assert s["warp 1"] == pytest.approx([3000, 100, 50, 1200, 50, 1400, 100])
     assert s["all"][0] == pytest.approx((3000 + 2500 + 3000) / 3)
     assert set(s) == {"warp 0", "warp 1", "all"}
+
+
+def test_whole_blocks_medians_and_implied_clock():
+    blocks = phase_clocks.parse_blocks(LINES)
+    assert [b["sm"] for b in blocks] == [3, 4, 5]
+    s = phase_clocks.summarise_blocks(blocks)
+    assert s["prologue"] == 1000 and s["loop"] == 15000 and s["epilogue"] == 2000
+    assert s["block ns"] == 10000
+    # 18000 cycles in 10000 ns and 36000 in 20000; the block of no time is left out of the clock
+    assert s["GHz"] == pytest.approx(1.8)
 
 
 def test_input_without_clock_lines_is_an_error():
@@ -42,3 +55,4 @@ def test_command_prints_the_table():
     r = subprocess.run([sys.executable, str(_TOOL)], input="".join(LINES), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "warp 1" in r.stdout and "3000" in r.stdout
+    assert "whole blocks" in r.stdout and "1.800" in r.stdout

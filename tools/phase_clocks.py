@@ -15,7 +15,17 @@ measurement costs. Usage, on a GPU, with the measurement build on PYTHONPATH:
         | python3 tools/phase_clocks.py
 
 Prints the cycles per tile of each phase averaged over blocks, per warp and for all warps. A warp
-that waits less than the others at a barrier arrived there later.
+that waits less than the others at a barrier arrived there later. Thread 0 of some blocks also
+prints the whole block (``%globaltimer`` in ns at its start and end, ``clock64()`` cycles before,
+in and after the tile loop):
+
+    block_clocks block B sm S start_ns T0 end_ns T1 prologue P loop L epilogue E tiles N
+
+from which a second table gives the medians of the three parts and the SM clock they imply
+(cycles / ns): the clock the kernel really ran at, which under a power limit is below the
+maximum that ``nvidia-smi`` reports. The build prints with ``printf``, which spills in some
+kernels that the measurement does not run: build it with
+``CMAKE_ARGS=-DSPARSE_MLA_CHECK_RESOURCES=OFF``.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ import argparse
 import re
 import sys
 from collections import defaultdict
-from statistics import fmean
+from statistics import fmean, median
 
 from rich.console import Console
 from rich.table import Table
@@ -50,6 +60,28 @@ def parse(lines) -> dict[int, list[list[float]]]:
     return dict(per_warp)
 
 
+BLOCK_LINE = re.compile(r"block_clocks block (\d+) sm (\d+) start_ns (\d+) end_ns (\d+) "
+                        r"prologue (-?\d+) loop (-?\d+) epilogue (-?\d+) tiles (\d+)")
+
+
+def parse_blocks(lines) -> list[dict[str, int]]:
+    """The ``block_clocks`` lines as dicts (block, sm, start_ns, end_ns, prologue, loop, epilogue,
+    tiles); an empty list when there are none."""
+    keys = ("block", "sm", "start_ns", "end_ns", "prologue", "loop", "epilogue", "tiles")
+    return [dict(zip(keys, map(int, m.groups()))) for m in map(BLOCK_LINE.search, lines) if m]
+
+
+def summarise_blocks(blocks: list[dict[str, int]]) -> dict[str, float]:
+    """Medians over the blocks of prologue, loop and epilogue cycles, of the block's time in ns, and
+    of the SM clock in GHz that each block's cycles over its ns imply."""
+    ghz = [(b["prologue"] + b["loop"] + b["epilogue"]) / (b["end_ns"] - b["start_ns"])
+           for b in blocks if b["end_ns"] > b["start_ns"]]
+    out = {k: median(b[k] for b in blocks) for k in ("prologue", "loop", "epilogue")}
+    out["block ns"] = median(b["end_ns"] - b["start_ns"] for b in blocks)
+    out["GHz"] = median(ghz) if ghz else float("nan")
+    return out
+
+
 def summarise(per_warp: dict[int, list[list[float]]]) -> dict[str, list[float]]:
     """Mean cycles per tile ``[loop, phase...]`` per warp (keys "warp W") and over all warps ("all")."""
     def mean(rows):
@@ -65,8 +97,9 @@ def main() -> None:
     ap.add_argument("file", nargs="?", type=argparse.FileType("r"), default=sys.stdin,
                     help="the printed output (default: standard input)")
     args = ap.parse_args()
+    lines = args.file.readlines()
     try:
-        per_warp = parse(args.file)
+        per_warp = parse(lines)
     except ValueError as e:
         sys.exit(f"phase_clocks: {e}")
     summary = summarise(per_warp)
@@ -77,6 +110,14 @@ def main() -> None:
         loop, phases = row[0], row[1:]
         table.add_row(name, f"{loop:.0f}", *(f"{c:.0f}" for c in phases), f"{loop - sum(phases):.0f}")
     Console().print(table)
+    blocks = parse_blocks(lines)
+    if blocks:
+        b = summarise_blocks(blocks)
+        table = Table(title=f"whole blocks, medians ({len(blocks)} blocks)")
+        for name in ("prologue cycles", "loop cycles", "epilogue cycles", "block ns", "SM clock GHz"):
+            table.add_column(name, justify="right")
+        table.add_row(*(f"{b[k]:.0f}" for k in ("prologue", "loop", "epilogue", "block ns")), f"{b['GHz']:.3f}")
+        Console().print(table)
 
 
 if __name__ == "__main__":
