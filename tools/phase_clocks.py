@@ -44,7 +44,8 @@ LINE = re.compile(r"phase_clocks block (\d+) warp (\d+) tiles (\d+) loop (\d+): 
 
 
 def parse(lines) -> dict[int, list[list[float]]]:
-    """``{warp: [[loop, phase...] per tile, one list per (block, launch)]}`` from the printed lines;
+    """``{warp: [[loop, phase...], one list per (block, launch)]}`` from the printed lines, each
+    value in cycles per tile (the printed sums over the block's tiles, divided by its tile count);
     blocks without tiles are left out. Raises ValueError when no line matches."""
     per_warp: dict[int, list[list[float]]] = defaultdict(list)
     for line in lines:
@@ -72,8 +73,10 @@ def parse_blocks(lines) -> list[dict[str, int]]:
 
 
 def summarise_blocks(blocks: list[dict[str, int]]) -> dict[str, float]:
-    """Medians over the blocks of prologue, loop and epilogue cycles, of the block's time in ns, and
-    of the SM clock in GHz that each block's cycles over its ns imply."""
+    """Medians over ``blocks`` (``parse_blocks``'s dicts, at least one) of prologue, loop and
+    epilogue cycles (keys "prologue", "loop", "epilogue"), of the block's time in ns ("block ns"),
+    and of the SM clock in GHz that each block's cycles over its ns imply ("GHz"; NaN when no block
+    took time). Raises statistics.StatisticsError when ``blocks`` is empty."""
     ghz = [(b["prologue"] + b["loop"] + b["epilogue"]) / (b["end_ns"] - b["start_ns"])
            for b in blocks if b["end_ns"] > b["start_ns"]]
     out = {k: median(b[k] for b in blocks) for k in ("prologue", "loop", "epilogue")}
