@@ -214,8 +214,9 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   if (tid < kBlockH) sAlpha[kBlockH + tid] = 1.f;
 
   // Per tile: barrier (tile landed; the stage of the tile before it, sS and the other P buffer
-  // are free), S (the next tile's gather issued halfway), barrier, this tile's softmax beside the
-  // tile before's P V, and this tile's V into registers.
+  // are free), the tile before's P and alpha into registers, S (the next tile's gather issued
+  // halfway), barrier, this tile's softmax beside the tile before's P V, and this tile's V into
+  // registers.
   for (int it = 0; it < num_tiles; ++it) {
     const int stage = it % 2;
     // Tile it is the latest group in flight (the first tile also waits for the second): a branch
