@@ -87,6 +87,15 @@ cudaError_t check_e4m3_mma_image(Kernel* kernel) {
   return attr.ptxVersion >= 89 && attr.binaryVersion >= 89 ? cudaSuccess : cudaErrorNoKernelImageForDevice;
 }
 
+// 2^x by the SFU alone (ex2.approx.ftz): exp2f adds a range check and a squaring for results below
+// 2^-126, which the softmax never needs (such a p is below bf16's and fp16's resolution of the row
+// sum, which is at least 1). -inf gives 0, as exp2f.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Two floats -> packed pair of Element (round to nearest).
 template <typename Element>
 __device__ __forceinline__ uint32_t pack2(float x, float y) {

@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "fwd_common.cuh"
 #include "kernel_traits.h"
@@ -89,45 +90,57 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     if (g_sub == 0) sValid[stage * kBlockN + g_row] = valid;
     cp_async_commit();
   };
-  int32_t next_row;  // the thread's row of the next tile to issue
-  {
-    const int32_t first = row_index(0), second = row_index(1);
-    issue_row(first, 0);
-    issue_row(second, 1);
-    next_row = row_index(2);
-  }
-
   // First column of k-step s of quarter dq: its latent steps, then its rope step (D = 576).
   auto step_col = [&](int s) {
     return s < kLatentSteps ? (dq * kLatentSteps + s) * 16
                             : kKvLoraRank + (dq * Traits::kRopeStepsPerWarp + s - kLatentSteps) * 16;
   };
-  // Q of both head groups as m16n8k16 A fragments over this warp's k-steps, through fp32 (see the
-  // main kernel: an unconverted load would make the tile loop's MMAs wait on its index loads).
-  uint32_t q_frag[kSteps][kMTiles][4];
+  // Q of both head groups as m16n8k16 A fragments over this warp's k-steps. q goes through stage
+  // 1, which tile 1 takes after: whole 128-byte lines per warp instead of each thread's 4-byte
+  // loads of its fragments (72 at D = 576), whose issue was most of the prologue (bench/HISTORY.md
+  // v36). Tile 0's gather is in flight meanwhile. Rows at the tiles' pitch: ldmatrix reads them
+  // without bank conflicts.
+  const int32_t first = row_index(0), second = row_index(1);
+  Element* sQ = reinterpret_cast<Element*>(sKV + Traits::kSmemKVStageBytes);  // [head][kPitch]
+  static_assert(kBlockH * kPitch * 2 <= Traits::kSmemKVStageBytes, "q of the block fits a stage");
+  {
+    constexpr int kQChunks = Traits::kHeadDim / 8;  // 16 bytes each
 #pragma unroll
-  for (int m = 0; m < kMTiles; ++m) {
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const int h = h0 + m * 16 + lane / 4 + rr * 8;
+    for (int k = 0; k < kBlockH * kQChunks / Traits::kNumThreads; ++k) {
+      const int c = tid + k * Traits::kNumThreads;
+      const int r = c / kQChunks, col = (c % kQChunks) * 8;
+      const int h = h0 + r;
       const bool ok = h < p.num_heads;
-      const int64_t hh = ok ? h : 0;
+      const int64_t hh = ok ? h : h0;
       const QElement* qn = static_cast<const QElement*>(p.q_nope) + t * p.q_nope_stride_t + hh * p.q_nope_stride_h;
       const QElement* qp = p.q_pe == nullptr ? qn
                            : static_cast<const QElement*>(p.q_pe) + t * p.q_pe_stride_t + hh * p.q_pe_stride_h;
+      cp_async_16(sQ + r * kPitch + col, col < p.q_nope_dim ? qn + col : qp + (col - p.q_nope_dim), ok);
+    }
+    static_assert(kBlockH * kQChunks % Traits::kNumThreads == 0);
+    cp_async_commit();
+  }
+  issue_row(first, 0);
+  cp_async_wait<1>();  // q's group; tile 0's may still be in flight
+  __syncthreads();
+  uint32_t q_frag[kSteps][kMTiles][4];
 #pragma unroll
-      for (int s = 0; s < kSteps; ++s) {
+  for (int s = 0; s < kSteps; ++s) {
 #pragma unroll
-        for (int hi = 0; hi < 2; ++hi) {
-          const int c = step_col(s) + (lane % 4) * 2 + hi * 8;
-          const QElement* src = c < p.q_nope_dim ? qn + c : qp + (c - p.q_nope_dim);
-          const uint32_t raw = ok ? __ldg(reinterpret_cast<const uint32_t*>(src)) : 0u;
-          const QElement* v = reinterpret_cast<const QElement*>(&raw);
-          q_frag[s][m][rr + 2 * hi] = pack2<Element>(static_cast<float>(v[0]), static_cast<float>(v[1]));
+    for (int m = 0; m < kMTiles; ++m) {
+      ldmatrix_x4(q_frag[s][m], sQ + (m * 16 + lane % 16) * kPitch + step_col(s) + (lane / 16) * 8);
+      if constexpr (!std::is_same_v<QElement, Element>) {  // bf16 q with an fp16 cache
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const QElement* v = reinterpret_cast<const QElement*>(&q_frag[s][m][i]);
+          q_frag[s][m][i] = pack2<Element>(static_cast<float>(v[0]), static_cast<float>(v[1]));
         }
       }
     }
   }
+  __syncthreads();  // every warp has its q: stage 1 is free for tile 1
+  issue_row(second, 1);
+  int32_t next_row = row_index(2);  // the thread's row of the next tile to issue
 
   // P rows are 64 bytes, two to a 128-byte line; 16-byte chunk c of row h sits at chunk
   // c ^ ((h >> 1) & 3), so that the 8 rows an ldmatrix reads at one chunk hit 8 bank groups.
@@ -267,9 +280,19 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     // 3. Online softmax over the tile (base 2, fp32); P rounded once to the MMA type.
     {
       const float* s_in = sS + sm_h * kSPitch + sm_k;
+      // The shorter chain (sums from quarter 0, a tree maximum, the SFU's 2^x) gained 2-3 % at
+      // D = 512; at D = 576 ptxas then ordered S and P V so that it lost 1.5 % (v35).
+      constexpr bool kShortChain = Traits::kHeadDim == kHeadSizeNoPE;
       float x[4] = {0.f, 0.f, 0.f, 0.f};
+      if constexpr (kShortChain) {
+        const float4 s0 = *reinterpret_cast<const float4*>(s_in);
+        x[0] = s0.x;
+        x[1] = s0.y;
+        x[2] = s0.z;
+        x[3] = s0.w;
+      }
 #pragma unroll
-      for (int q = 0; q < kQuarters; ++q) {
+      for (int q = kShortChain ? 1 : 0; q < kQuarters; ++q) {
         const float4 s4 = *reinterpret_cast<const float4*>(s_in + q * (kBlockH * kSPitch));
         x[0] += s4.x;
         x[1] += s4.y;
@@ -281,20 +304,22 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         x[i] = valid[i] ? x[i] * p.sm_scale_log2 : -INFINITY;
-        tile_max = fmaxf(tile_max, x[i]);
+        if constexpr (!kShortChain) tile_max = fmaxf(tile_max, x[i]);
       }
+      if constexpr (kShortChain) tile_max = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+      auto exp2_chain = [](float v) { return kShortChain ? exp2_ftz(v) : exp2f(v); };
 #pragma unroll
       for (int o = 1; o < 8; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, o));
       const float m_new = fmaxf(m_run, tile_max);
       // Nothing valid so far (m_new = -inf): p = 0, state unchanged. Selects, not a branch, so that
       // ptxas may interleave this chain with the P V MMAs beside it.
       const bool any = m_new != -INFINITY;
-      const float alpha = any ? exp2f(m_run - m_new) : 1.f;
+      const float alpha = any ? exp2_chain(m_run - m_new) : 1.f;
       float psum = 0.f;
       float pr[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        pr[i] = any ? exp2f(x[i] - m_new) : 0.f;
+        pr[i] = any ? exp2_chain(x[i] - m_new) : 0.f;
         psum += pr[i];
       }
       l_run = l_run * alpha + psum;
