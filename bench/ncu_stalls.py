@@ -10,6 +10,11 @@ v9 and v26 stalls in bench/HISTORY.md were found:
 A stall sample is counted at the instruction the warp waits to issue, e.g. the first user of a
 load's result. long_sb: waiting on a global / local load or a cp.async reading its registers;
 short_sb: on shared memory or other MIO results; wait: a fixed-latency dependency.
+
+``--shared`` instead sums the Source Counters' shared-memory wavefronts (ncu's "L1 Wavefronts
+Shared" and "... Excessive", i.e. bank conflicts) by opcode and lists the instructions with the
+most excessive wavefronts; divided by the tiles a kernel ran, they are its shared-memory traffic
+per tile in 128-byte units (bench/NOTES.md, the roofline).
 """
 
 from __future__ import annotations
@@ -26,10 +31,48 @@ def _number(text: str) -> float | None:
         return None
 
 
+def _column(header: list[str], name: str) -> int:
+    try:
+        return header.index(name)
+    except ValueError:
+        raise SystemExit(f"ncu_stalls: no '{name}' column; profile with --section SourceCounters") from None
+
+
+def shared_wavefronts(header: list[str], rows: list[list[str]]) -> tuple[collections.Counter[str], collections.Counter[str], list]:
+    """Shared-memory wavefronts of a source page (``header``, its instruction ``rows``) by opcode.
+
+    Returns (wavefronts by opcode, excessive wavefronts by opcode, [(excessive, wavefronts,
+    instruction)] of the instructions with excessive ones). An opcode keeps its first modifier
+    for shared loads and stores (``LDS.128``, ``STS.64``) and two for ``ldmatrix``
+    (``LDSM.16.M88``, transposed ``LDSM.16.MT88``), whose widths and uses differ. Raises
+    SystemExit naming a missing column.
+    """
+    src = next(i for i, c in enumerate(header) if c.startswith("Source"))
+    total_col = _column(header, "L1 Wavefronts Shared")
+    excess_col = _column(header, "L1 Wavefronts Shared Excessive")
+    total: collections.Counter[str] = collections.Counter()
+    excess: collections.Counter[str] = collections.Counter()
+    conflicted = []
+    for r in rows:
+        words = r[src].split() if src < len(r) else []
+        n = _number(r[total_col]) if total_col < len(r) else None
+        if not words or not n:
+            continue
+        parts = (words[1] if words[0].startswith("@") and len(words) > 1 else words[0]).split(".")
+        op = ".".join(parts[: {"LDS": 2, "STS": 2, "LDSM": 3}.get(parts[0], 1)])
+        e = _number(r[excess_col]) or 0.0
+        total[op] += n
+        excess[op] += e
+        if e:
+            conflicted.append((e, n, r[src].strip()))
+    return total, excess, sorted(conflicted, key=lambda x: -x[0])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv", help="ncu --page source --csv --print-source sass output")
     ap.add_argument("--top", type=int, default=25, help="instructions to list")
+    ap.add_argument("--shared", action="store_true", help="shared-memory wavefronts and bank conflicts instead of stalls")
     args = ap.parse_args()
     try:
         with open(args.csv, newline="") as f:
@@ -43,6 +86,18 @@ def main() -> None:
         raise SystemExit(f"ncu_stalls: {len(heads)} kernels in {args.csv}; export one (ncu -c 1, or --kernel-name)")
     head = heads[0]
     header = rows[head]
+    if args.shared:
+        total, excess, conflicted = shared_wavefronts(header, rows[head + 1:])
+        all_wavefronts = sum(total.values())
+        if not all_wavefronts:
+            raise SystemExit("ncu_stalls: no shared-memory wavefronts in the source page")
+        print(f"shared wavefronts {all_wavefronts:.0f}, excessive {sum(excess.values()):.0f} "
+              f"({100 * sum(excess.values()) / all_wavefronts:.1f} %)")
+        for op, n in total.most_common():
+            print(f"  {op:13s} {100 * n / all_wavefronts:5.1f} %  excessive {excess[op]:.0f}")
+        for e, n, ins in conflicted[: args.top]:
+            print(f"  excessive {e:.0f} of {n:.0f}  {ins[:64]}")
+        return
     src = next(i for i, c in enumerate(header) if c.startswith("Source"))
     sampled = [i for i, c in enumerate(header) if "Sampl" in c]
     col = next((i for i in sampled if "All" in header[i] and "Not" not in header[i]), sampled[0])
