@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import math
 
 
 def _number(text: str) -> float | None:
@@ -29,6 +30,17 @@ def _number(text: str) -> float | None:
         return float(text.replace(",", ""))
     except ValueError:
         return None
+
+
+def _count(row: list[str], col: int, what: str, line: int) -> float:
+    """A count cell of a source-page row: empty, missing or '-' count 0; anything else must parse."""
+    text = row[col].strip() if col < len(row) else ""
+    if text in ("", "-"):
+        return 0.0
+    n = _number(text)
+    if n is None or not math.isfinite(n) or n < 0:
+        raise SystemExit(f"ncu_stalls: instruction row {line}, column '{what}': cannot read '{text}' as a count")
+    return n
 
 
 def _column(header: list[str], name: str) -> int:
@@ -43,24 +55,31 @@ def shared_wavefronts(header: list[str], rows: list[list[str]]) -> tuple[collect
 
     Returns (wavefronts by opcode, excessive wavefronts by opcode, [(excessive, wavefronts,
     instruction)] of the instructions with excessive ones). An opcode keeps its first modifier
-    for shared loads and stores (``LDS.128``, ``STS.64``) and two for ``ldmatrix``
-    (``LDSM.16.M88``, transposed ``LDSM.16.MT88``), whose widths and uses differ. Raises
-    SystemExit naming a missing column.
+    for shared loads and stores (``LDS.128``, ``STS.64``; ``.U`` dropped) and two for
+    ``ldmatrix`` / ``stmatrix`` (``LDSM.16.M88``, transposed ``LDSM.16.MT88``), whose widths and
+    uses differ. Raises SystemExit naming a missing column, a cell that is not a count, or a
+    row with more excessive wavefronts than wavefronts.
     """
-    src = next(i for i, c in enumerate(header) if c.startswith("Source"))
+    src = next((i for i, c in enumerate(header) if c.startswith("Source")), None)
+    if src is None:
+        raise SystemExit("ncu_stalls: no 'Source' column; export with --print-source sass")
     total_col = _column(header, "L1 Wavefronts Shared")
     excess_col = _column(header, "L1 Wavefronts Shared Excessive")
     total: collections.Counter[str] = collections.Counter()
     excess: collections.Counter[str] = collections.Counter()
     conflicted = []
-    for r in rows:
+    for line, r in enumerate(rows, start=1):
         words = r[src].split() if src < len(r) else []
-        n = _number(r[total_col]) if total_col < len(r) else None
-        if not words or not n:
+        if not words:
             continue
-        parts = (words[1] if words[0].startswith("@") and len(words) > 1 else words[0]).split(".")
-        op = ".".join(parts[: {"LDS": 2, "STS": 2, "LDSM": 3}.get(parts[0], 1)])
-        e = _number(r[excess_col]) or 0.0
+        n = _count(r, total_col, header[total_col], line)
+        e = _count(r, excess_col, header[excess_col], line)
+        if e > n:
+            raise SystemExit(f"ncu_stalls: instruction row {line}: {e:.0f} excessive of {n:.0f} shared wavefronts")
+        if not n:
+            continue
+        parts = [m for m in (words[1] if words[0].startswith("@") and len(words) > 1 else words[0]).split(".") if m != "U"]
+        op = ".".join(parts[: {"LDS": 2, "STS": 2, "LDSM": 3, "STSM": 3}.get(parts[0], 1)])
         total[op] += n
         excess[op] += e
         if e:
@@ -75,15 +94,17 @@ def main() -> None:
     ap.add_argument("--shared", action="store_true", help="shared-memory wavefronts and bank conflicts instead of stalls")
     args = ap.parse_args()
     try:
-        with open(args.csv, newline="") as f:
+        with open(args.csv, newline="", encoding="utf-8", errors="replace") as f:
             rows = list(csv.reader(f))
     except (OSError, UnicodeDecodeError) as e:
         raise SystemExit(f"ncu_stalls: cannot read {args.csv}: {e}") from None
-    heads = [i for i, r in enumerate(rows) if any(c.startswith("Source") for c in r) and any("Sampl" in c for c in r)]
+    needed = "L1 Wavefronts Shared" if args.shared else "Sampl"
+    heads = [i for i, r in enumerate(rows) if any(c.startswith("Source") for c in r) and any(needed in c for c in r)]
     if not heads:
-        raise SystemExit(f"ncu_stalls: no 'Source' and '... Sampling ...' header in {args.csv}")
-    if len(heads) > 1:
-        raise SystemExit(f"ncu_stalls: {len(heads)} kernels in {args.csv}; export one (ncu -c 1, or --kernel-name)")
+        raise SystemExit(f"ncu_stalls: no 'Source' and '...{needed}...' header in {args.csv}")
+    kernels = max(len(heads), sum(1 for r in rows if r and r[0] == "Kernel Name"))
+    if kernels > 1:
+        raise SystemExit(f"ncu_stalls: {kernels} kernels in {args.csv}; export one (ncu -c 1, or --kernel-name)")
     head = heads[0]
     header = rows[head]
     if args.shared:
@@ -117,7 +138,7 @@ def main() -> None:
         per_instruction.append((n, r[src].strip(), why))
     total = sum(by_op.values())
     if total == 0:
-        raise SystemExit(f"no stall samples in column '{header[col]}'")
+        raise SystemExit(f"ncu_stalls: no stall samples in column '{header[col]}'")
     print(f"{header[col]}: {total:.0f} samples")
     reason_total = sum(by_reason.values())
     if reason_total:

@@ -43,9 +43,46 @@ def test_shared_wavefronts_by_opcode_keep_the_width_and_transpose():
     assert conflicted == [(500, 1000, "STS [R3+0x100], R1")]
 
 
-def test_shared_wavefronts_name_a_missing_column():
-    with pytest.raises(SystemExit, match="L1 Wavefronts Shared"):
-        ncu_stalls.shared_wavefronts(HEADER[:5], [r[:5] for r in ROWS])
+def test_shared_wavefronts_read_blank_cells_and_short_rows_as_zero():
+    rows = [
+        ["0x10", "  @!P1 LDS.U.128 R4, [R2]", "", "", "", "-", "300"],
+        ["0x20", "      STSM.16.MT88.4 [R2], R4", "", "", "", "", "100"],
+        ["0x30", "      LDSM.16.M88.4 R4, [R2]", "", "", ""],  # ends before both columns
+        ["0x40", "      EXIT"],
+    ]
+    total, excess, conflicted = ncu_stalls.shared_wavefronts(HEADER, rows)
+    assert dict(total) == {"LDS.128": 300, "STSM.16.MT88": 100}
+    assert sum(excess.values()) == 0 and conflicted == []
+
+
+@pytest.mark.parametrize(
+    "header, row, message",
+    [
+        (HEADER[:5], ROWS[0][:5], "no 'L1 Wavefronts Shared' column"),
+        (HEADER[:6], ROWS[0][:6], "no 'L1 Wavefronts Shared' column"),
+        (HEADER[:5] + HEADER[6:], ROWS[0][:5] + ROWS[0][6:], "no 'L1 Wavefronts Shared Excessive' column"),
+        (HEADER, ["0x10", "STS [R3], R1", "0", "0", "0", "0", "1.000.000"], "row 1, column 'L1 Wavefronts Shared': cannot read"),
+        (HEADER, ["0x10", "STS [R3], R1", "0", "0", "0", "0", "nan"], "cannot read 'nan'"),
+        (HEADER, ["0x10", "STS [R3], R1", "0", "0", "0", "200", "100"], "200 excessive of 100"),
+        (["Address", "Instruction"], ["0x10", "STS [R3], R1"], "no 'Source' column"),
+    ],
+)
+def test_shared_wavefronts_refuse_what_they_cannot_count(header, row, message):
+    with pytest.raises(SystemExit, match=message):
+        ncu_stalls.shared_wavefronts(header, [row])
+
+
+def test_command_line_refuses_two_kernels(tmp_path):
+    path = tmp_path / "two.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        for name in ("kernel_a", "kernel_b"):  # one header row, two kernels: ncu's export of -c 2
+            w.writerow(["Kernel Name", name])
+            if name == "kernel_a":
+                w.writerow(HEADER)
+            w.writerows(ROWS)
+    run = subprocess.run([sys.executable, str(_TOOL), "--shared", str(path)], capture_output=True, text=True)
+    assert run.returncode == 1 and "2 kernels" in run.stderr
 
 
 def test_command_line_prints_shares_and_stalls(tmp_path):
