@@ -76,7 +76,7 @@ def test_command_line_refuses_two_kernels(tmp_path):
     path = tmp_path / "two.csv"
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        for name in ("kernel_a", "kernel_b"):  # one header row, two kernels: ncu's export of -c 2
+        for name in ("kernel_a", "kernel_b"):  # two kernels under one header row
             w.writerow(["Kernel Name", name])
             if name == "kernel_a":
                 w.writerow(HEADER)
