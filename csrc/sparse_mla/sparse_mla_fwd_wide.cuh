@@ -101,14 +101,17 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   // v36). Tile 0's gather is in flight meanwhile. Rows at the tiles' pitch: ldmatrix reads them
   // without bank conflicts.
   const int32_t first = row_index(0), second = row_index(1);
-  Element* sQ = reinterpret_cast<Element*>(sKV + Traits::kSmemKVStageBytes);  // [head][kPitch]
-  static_assert(kBlockH * kPitch * 2 <= Traits::kSmemKVStageBytes, "q of the block fits a stage");
+  // [head][kPitch], q as given (QElement), converted after ldmatrix where the cache's type differs.
+  Element* sQ = reinterpret_cast<Element*>(sKV + Traits::kSmemKVStageBytes);
+  static_assert(sizeof(QElement) == sizeof(Element), "q's rows take the tiles' pitch");
+  static_assert(kBlockH * kPitch * sizeof(Element) <= Traits::kSmemKVStageBytes, "q of the block fits a stage");
   {
-    constexpr int kQChunks = Traits::kHeadDim / 8;  // 16 bytes each
+    constexpr int kChunkElems = 16 / sizeof(QElement);  // one cp.async
+    constexpr int kQChunks = Traits::kHeadDim / kChunkElems;
 #pragma unroll
     for (int k = 0; k < kBlockH * kQChunks / Traits::kNumThreads; ++k) {
       const int c = tid + k * Traits::kNumThreads;
-      const int r = c / kQChunks, col = (c % kQChunks) * 8;
+      const int r = c / kQChunks, col = (c % kQChunks) * kChunkElems;
       const int h = h0 + r;
       const bool ok = h < p.num_heads;
       const int64_t hh = ok ? h : h0;
