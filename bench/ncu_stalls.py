@@ -50,6 +50,13 @@ def _column(header: list[str], name: str) -> int:
         raise SystemExit(f"ncu_stalls: no '{name}' column; profile with --section SourceCounters") from None
 
 
+def _source_column(header: list[str]) -> int:
+    src = next((i for i, c in enumerate(header) if c.startswith("Source")), None)
+    if src is None:
+        raise SystemExit("ncu_stalls: no 'Source' column; export with --print-source sass")
+    return src
+
+
 def shared_wavefronts(header: list[str], rows: list[list[str]]) -> tuple[collections.Counter[str], collections.Counter[str], list]:
     """Shared-memory wavefronts of a source page (``header``, its instruction ``rows``) by opcode.
 
@@ -60,9 +67,7 @@ def shared_wavefronts(header: list[str], rows: list[list[str]]) -> tuple[collect
     uses differ. Raises SystemExit naming a missing column, a cell that is not a count, or a
     row with more excessive wavefronts than wavefronts.
     """
-    src = next((i for i, c in enumerate(header) if c.startswith("Source")), None)
-    if src is None:
-        raise SystemExit("ncu_stalls: no 'Source' column; export with --print-source sass")
+    src = _source_column(header)
     total_col = _column(header, "L1 Wavefronts Shared")
     excess_col = _column(header, "L1 Wavefronts Shared Excessive")
     total: collections.Counter[str] = collections.Counter()
@@ -119,7 +124,7 @@ def main() -> None:
         for e, n, ins in conflicted[: args.top]:
             print(f"  excessive {e:.0f} of {n:.0f}  {ins[:64]}")
         return
-    src = next(i for i, c in enumerate(header) if c.startswith("Source"))
+    src = _source_column(header)
     sampled = [i for i, c in enumerate(header) if "Sampl" in c]
     col = next((i for i in sampled if "All" in header[i] and "Not" not in header[i]), sampled[0])
     reasons = [i for i, c in enumerate(header) if c.startswith("stall_") and "Not Issued" not in c]

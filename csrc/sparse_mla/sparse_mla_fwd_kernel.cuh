@@ -168,10 +168,11 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         const int row_in_tile = g_row + i * kGatherRowStride;
         uint8_t* dst = sKV_raw + stage * Traits::kSmemKVStageBytes + row_in_tile * Traits::kSmemRowBytes;
         constexpr int kRowChunks = Traits::kGatherRowBytes / 16;
-        if constexpr (!Traits::kRawFp8 && kRowChunks % kGatherTpr == 0) {
+        if constexpr (!Traits::kRawFp8) {
           // 16-bit rows: one source and one destination address, so that sm_90's ptxas emits
           // immediate offsets, not an address per chunk (as the WideWarps family's gather;
           // bench/HISTORY.md v32 and v39). fp8 rows keep the loop: the same form lost on them (v26).
+          static_assert(kRowChunks % kGatherTpr == 0, "16-bit rows are whole 128-byte lines");
           const uint8_t* src = row + g_sub * 16;
           dst += g_sub * 16;
 #pragma unroll
