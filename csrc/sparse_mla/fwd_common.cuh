@@ -2,6 +2,9 @@
 // sparse_mla_fwd_wide.cuh).
 #pragma once
 
+#include <cstdint>
+
+#include "mma_utils.cuh"
 #include "params.h"
 
 namespace sparse_mla {
@@ -11,6 +14,16 @@ __device__ __forceinline__ int token_topk(const SparseMlaFwdParams& p, int t) {
   if (p.topk_len == nullptr) return p.topk;
   const int len = __ldg(p.topk_len + t);
   return len < 0 ? 0 : (len < p.topk ? len : p.topk);
+}
+
+// Thread sub of the kTpr threads that copy one row of kRowBytes, dst and src at the row's chunk
+// sub: chunks sub, sub + kTpr, ... from those two addresses, so that sm_90's ptxas emits immediate
+// offsets instead of an address per chunk (bench/HISTORY.md v32 and v39). valid = false zero-fills.
+template <int kRowBytes, int kTpr>
+__device__ __forceinline__ void cp_async_row(uint8_t* dst, const uint8_t* src, bool valid) {
+  static_assert(kRowBytes % (16 * kTpr) == 0, "whole 16-byte chunks for every thread");
+#pragma unroll
+  for (int k = 0; k < kRowBytes / (16 * kTpr); ++k) cp_async_16(dst + k * 16 * kTpr, src + k * 16 * kTpr, valid);
 }
 
 }  // namespace sparse_mla

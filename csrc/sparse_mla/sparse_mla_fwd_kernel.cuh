@@ -169,15 +169,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         uint8_t* dst = sKV_raw + stage * Traits::kSmemKVStageBytes + row_in_tile * Traits::kSmemRowBytes;
         constexpr int kRowChunks = Traits::kGatherRowBytes / 16;
         if constexpr (!Traits::kRawFp8) {
-          // 16-bit rows: one source and one destination address, so that sm_90's ptxas emits
-          // immediate offsets, not an address per chunk (as the WideWarps family's gather;
-          // bench/HISTORY.md v32 and v39). fp8 rows keep the loop: the same form lost on them (v26).
-          static_assert(kRowChunks % kGatherTpr == 0, "16-bit rows are whole 128-byte lines");
-          const uint8_t* src = row + g_sub * 16;
-          dst += g_sub * 16;
-#pragma unroll
-          for (int k = 0; k < kRowChunks / kGatherTpr; ++k) cp_async_16(dst + k * 16 * kGatherTpr, src + k * 16 * kGatherTpr, valid);
-        } else {
+          cp_async_row<Traits::kGatherRowBytes, kGatherTpr>(dst + g_sub * 16, row + g_sub * 16, valid);
+        } else {  // fp8 rows keep the loop: one address per row lost on them (bench/HISTORY.md v26)
 #pragma unroll
           for (int c = g_sub; c < kRowChunks; c += kGatherTpr) cp_async_16(dst + c * 16, row + c * 16, valid);
         }

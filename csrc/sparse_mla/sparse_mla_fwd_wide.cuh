@@ -39,8 +39,6 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   constexpr int kMTiles = kBlockH / 16;
   constexpr int kDvPerWarp = kHeadSizeV / Traits::kNumWarps;
   constexpr int kLineChunks = 8;  // cp.async: 8 threads per row, whole 128-byte lines per warp
-  constexpr int kRowChunks = Traits::kGatherRowBytes / 16;
-  static_assert(kRowChunks % kLineChunks == 0, "16-bit rows of D = 512 / 576: whole 128-byte lines");
   static_assert(kBlockH == 32 && kBlockN == 32 && Traits::kNumWarps == 8 && Traits::kNumThreads / kLineChunks == kBlockN);
   static_assert(Traits::kHeadGroups * Traits::kSBuffersPerGroup * Traits::kSmemSPartElems == kQuarters * kBlockH * kSPitch &&
                 Traits::kHeadGroups * Traits::kPBuffers * Traits::kSmemPBufferElems == 2 * kBlockH * kPPitch,
@@ -70,10 +68,8 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   const int tile_end = min(tile_begin + p.tiles_per_split, num_tiles_t);
   const int num_tiles = tile_end > tile_begin ? tile_end - tile_begin : 0;
 
-  // Gather: thread (g_row, g_sub) copies chunks g_sub, g_sub + 8, ... of row g_row of each tile,
-  // all from one source and one destination address, so that sm_90's ptxas emits immediate offsets
-  // instead of per-chunk address arithmetic. Indices are loaded a tile ahead and checked when used
-  // (as in the main kernel).
+  // Gather: thread (g_row, g_sub) copies chunks g_sub, g_sub + 8, ... of row g_row of each tile
+  // (cp_async_row). Indices are loaded a tile ahead and checked when used (as in the main kernel).
   const int g_row = tid / kLineChunks;
   const int g_sub = tid % kLineChunks;
   const int32_t* idx_ptr = p.indices + static_cast<int64_t>(t) * p.indices_stride_t;
@@ -85,8 +81,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     const bool valid = r >= 0 && r < p.num_kv_rows;
     const uint8_t* src = p.kv + (valid ? static_cast<int64_t>(r) : 0) * p.kv_row_stride + g_sub * 16;
     uint8_t* dst = sKV + stage * Traits::kSmemKVStageBytes + g_row * Traits::kSmemRowBytes + g_sub * 16;
-#pragma unroll
-    for (int k = 0; k < kRowChunks / kLineChunks; ++k) cp_async_16(dst + k * 128, src + k * 128, valid);
+    cp_async_row<Traits::kGatherRowBytes, kLineChunks>(dst, src, valid);
     if (g_sub == 0) sValid[stage * kBlockN + g_row] = valid;
     cp_async_commit();
   };
