@@ -163,13 +163,19 @@ def _fwd_kernel_configs(prof) -> set[tuple[int, int, str]]:
     return {(int(a[2]), int(a[3]), a[5]) for a in _fwd_kernel_traits(prof)}
 
 
-def _planned_block_heads(kv_cache_dtype: str, head_size: int, num_heads: int, split_short: bool) -> int:
+def _planned_block_heads(kv_cache_dtype: str, head_size: int, num_heads: int, num_tokens: int,
+                         split_short: bool) -> int:
     """The heads per block planner.h plan_head_groups gives: 16 up to 16 heads, for fp8 caches where
-    an SM holds two 16-head blocks (the fwd_blocks_per_sm op), or where the 32-head plan splits
-    into blocks of fewer than 8 tiles (`split_short`, from the caller's shape); else 32."""
+    an SM holds two 16-head blocks (the fwd_blocks_per_sm op) but for fp8_e4m3 on sm_89+ where the
+    unsplit 32-head grid has more blocks than SMs, or where the 32-head plan splits into blocks of
+    fewer than 8 tiles (`split_short`, from the caller's shape); else 32."""
     if num_heads <= 16 or split_short:
         return 16
     if kv_cache_dtype in verify.KV_16BIT:
+        return 32
+    props = torch.cuda.get_device_properties(0)
+    if (kv_cache_dtype == "fp8_e4m3" and (props.major, props.minor) >= (8, 9)
+            and num_tokens * -(-num_heads // 32) > props.multi_processor_count):
         return 32
     return 16 if _testing.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, 16) >= 2 else 32
 
@@ -180,9 +186,10 @@ def _planned_block_heads(kv_cache_dtype: str, head_size: int, num_heads: int, sp
 @pytest.mark.parametrize("head_size", [512, 576])
 def test_head_blocks_as_planned_or_forced(head_size, kv_cache_dtype, num_tokens, block_heads):
     """64 heads run the block size plan_head_groups picks (planner.h; 16-head blocks for fp8 caches
-    on a GPU that holds two of them per SM, as the H200 does, and for T = 1, whose
-    32-head plan splits topk 2048 into blocks of two tiles), or the one block_heads forces; the
-    profiler must see it, with right values."""
+    on a GPU that holds two of them per SM, as the H200 does, but for fp8_e4m3 at T = 256, whose
+    32-head grid is more than one wave, and for T = 1, whose 32-head plan splits topk 2048 into
+    blocks of two tiles), or the one block_heads forces; the profiler must see it, with right
+    values."""
     from torch.profiler import ProfilerActivity, profile
 
     case = Case(head_size=head_size, num_heads=64, topk=2048, num_tokens=num_tokens, kv_cache_dtype=kv_cache_dtype,
@@ -190,7 +197,7 @@ def test_head_blocks_as_planned_or_forced(head_size, kv_cache_dtype, num_tokens,
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         result = verify.run_case(case, torch.device("cuda"))
     _check(result)
-    want = block_heads or _planned_block_heads(kv_cache_dtype, head_size, 64, split_short=num_tokens == 1)
+    want = block_heads or _planned_block_heads(kv_cache_dtype, head_size, 64, num_tokens, split_short=num_tokens == 1)
     assert {g for _, g, _ in _fwd_kernel_configs(prof)} == {want // 16}, (case.label(), _fwd_kernel_configs(prof))
 
 
@@ -200,28 +207,29 @@ def test_head_blocks_as_planned_or_forced(head_size, kv_cache_dtype, num_tokens,
 def test_fp8_raw_and_decoded_tile_kernels(head_size, num_heads, block_heads, kv_cache_dtype):
     """An fp8 cache runs its kernel of raw tiles (decoded per MMA fragment) where the grid has
     more blocks than SMs, and the DecodedFp8 variant (each tile decoded once) in grids of one wave
-    (planner.h decoded_fp8_plan), always in fp8_e4m3's 32-head blocks at D = 512 (kernel_traits.h), on
-    GPUs before sm_89, and for 16-head fp8_ds_mla at D = 576 where an SM holds two decode-once blocks
-    but one of raw tiles and fewer than two of the paired-scores variant of raw tiles, which runs
-    before it (plan_fwd_splits): the profiler must see each where it is planned, both
-    with right values under random masks and topk_len, q strided or split. The one-wave launches
-    have two tiles (topk 64: unsplit, T x head blocks <= 28 blocks), the others 2 x SMs tokens of
-    16 tiles; all unsplit, so 64 heads run 32-head blocks where forced or where an SM holds one
-    16-head block (planner.h plan_head_groups), else 16-head ones."""
+    (planner.h decoded_fp8_plan), on GPUs before sm_89, and for 16-head fp8_ds_mla at D = 576 where
+    an SM holds two decode-once blocks but one of raw tiles and fewer than two of the paired-scores
+    variant of raw tiles, which runs before it (plan_fwd_splits): the profiler must see each where
+    it is planned, both with right values under random masks and topk_len, q strided or split;
+    fp8_e4m3's 32-head kernel of raw tiles is the WideWarps one (kernel_traits.h). The one-wave
+    launches have two tiles (topk 64: unsplit, T x head blocks <= 28 blocks), the others 2 x SMs
+    tokens of 16 tiles; all unsplit, so 64 heads run 32-head blocks where forced, where an SM holds
+    one 16-head block, or for fp8_e4m3 on sm_89+ where they are more than one wave (planner.h
+    plan_head_groups), else 16-head ones."""
     from torch.profiler import ProfilerActivity, profile
 
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
     layout = "split_q" if head_size == 576 else "strided"
-    bh = block_heads or _planned_block_heads(kv_cache_dtype, head_size, num_heads, split_short=False)
-    raw_tiles = ((bh == 16 or head_size == 576 or kv_cache_dtype == "fp8_ds_mla")
-                 and (props.major, props.minor) >= (8, 9))
-    occupancy = [_testing.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, bh, variant=v)
-                 for v in ("main", "decoded_fp8")]
-    paired = _testing.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, bh, variant="paired_scores")
-    # planner.h variant_raises_occupancy: the paired-scores variant first, then the decode-once one.
-    raw_tiles = raw_tiles and not (occupancy[0] < 2 <= occupancy[1] and paired < 2)
-    for num_tokens, topk, raw in ((1, 64, False), (7, 64, False), (2 * sms, 512, raw_tiles)):
+    for num_tokens, topk, one_wave in ((1, 64, True), (7, 64, True), (2 * sms, 512, False)):
+        bh = block_heads or _planned_block_heads(kv_cache_dtype, head_size, num_heads, num_tokens, split_short=False)
+        occupancy = [_testing.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, bh, variant=v)
+                     for v in ("main", "decoded_fp8")]
+        paired = _testing.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, bh, variant="paired_scores")
+        # planner.h variant_raises_occupancy: the paired-scores variant first, then the decode-once one.
+        raw = (not one_wave and (props.major, props.minor) >= (8, 9)
+               and not (occupancy[0] < 2 <= occupancy[1] and paired < 2))
+        wide = "true" if raw and bh == 32 and kv_cache_dtype == "fp8_e4m3" else "false"
         for masking in ("random", "topk_len"):
             case = Case(head_size=head_size, num_heads=num_heads, topk=topk, num_tokens=num_tokens,
                         kv_cache_dtype=kv_cache_dtype, masking=masking, layout=layout, block_heads=block_heads)
@@ -230,6 +238,7 @@ def test_fp8_raw_and_decoded_tile_kernels(head_size, num_heads, block_heads, kv_
             _check(result)
             configs = _fwd_kernel_configs(prof)
             assert configs == {(head_size, bh // 16, "true" if raw else "false")}, (case.label(), configs)
+            assert {a[8] for a in _fwd_kernel_traits(prof)} == {wide}, case.label()
 
 
 def test_fwd_blocks_per_sm():
@@ -237,8 +246,8 @@ def test_fwd_blocks_per_sm():
     block size gets its block's count, a 16-head block (128 threads, <= 87 KB) at least as many
     as a 32-head one (256 threads, <= 99 KB), the 16-head fp8_e4m3 D512 block (44 KB) two, as on
     every target; the one-stage variant (16-head 16-bit caches only, <= 50 KB) at least two and
-    at least the two-stage kernel's count, the decode-once fp8 variant (not in fp8_e4m3's 32-head
-    blocks at D = 512, whose main kernel decodes once) two at 16 heads (<= 49 KB) and one at 32,
+    at least the two-stage kernel's count, the decode-once fp8 variant two at 16 heads (<= 49 KB)
+    and one at 32,
     the paired-scores variant (16-head fp8_ds_mla at D = 576 only, 47,488 bytes) at least two and
     at least the main kernel's count, 0 elsewhere (bad arguments: test_ops_cpu)."""
     for dtype in (torch.bfloat16, torch.float16):
@@ -256,8 +265,7 @@ def test_fwd_blocks_per_sm():
                 assert _testing.fwd_blocks_per_sm(dtype, kv, head_size, 17, variant="one_stage") == 0
                 decoded = [_testing.fwd_blocks_per_sm(dtype, kv, head_size, h, variant="decoded_fp8") for h in (16, 32)]
                 if kv.startswith("fp8"):
-                    no_variant = (kv, head_size) == ("fp8_e4m3", 512)  # that main kernel decodes once
-                    assert decoded == [2, 0 if no_variant else 1], (dtype, kv, head_size, decoded)
+                    assert decoded == [2, 1], (dtype, kv, head_size, decoded)
                 else:
                     assert decoded == [0, 0], (dtype, kv, head_size, decoded)
                 paired = [_testing.fwd_blocks_per_sm(dtype, kv, head_size, h, variant="paired_scores") for h in (16, 32)]

@@ -12,9 +12,9 @@ block each with random topk_len (for fp8 caches these one-wave grids run the ker
 each tile once; one token of 8 heads splits into one-tile blocks), and one token of 8 heads at topk
 2176 (68 one-tile blocks and the 17-load decode combine); and, with 16-bit caches at 8 heads and fp8
 caches at 8 and at 32 in 32-head blocks, a grid of two blocks per SM with random topk_len, which
-runs the fp8 kernels of raw tiles (not fp8_e4m3's 32-head blocks at D = 512, which always decode
-each tile once, nor GPUs before sm_89; 16-head fp8_ds_mla at D = 576 in its paired-scores variant
-where an SM holds one block of the main kernel) and the 16-bit one-stage kernels where an SM holds
+runs the fp8 kernels of raw tiles (fp8_e4m3's 32-head ones: the WideWarps kernel; not on GPUs
+before sm_89; 16-head fp8_ds_mla at D = 576 in its paired-scores variant where an SM holds one
+block of the main kernel) and the 16-bit one-stage kernels where an SM holds
 one two-stage block (sm_120, or any GPU with SPARSE_MLA_SM120_OCCUPANCY=1 set, as README says). The
 split one-stage launches the planner makes there (more blocks than SMs, >= 16 tiles each: thousands
 of tiles) are left to memcheck; their shared memory is used as in the unsplit one-stage launch, and

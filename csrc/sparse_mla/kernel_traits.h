@@ -19,23 +19,22 @@ constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 
 // Whether a configuration's kernel is the WideWarps family (sparse_mla_fwd_wide.cuh): 32-head
 // blocks of 16-bit caches whose q enters the MMAs in one part, i.e. all but fp16 q with a bf16
-// cache. 1.08-1.13x faster than the main kernel there on the H200 (bench/HISTORY.md v29).
-template <typename QElement, KvFormat kFormat, int kHeadGroups, int kCopyStages>
+// cache (1.08-1.13x faster than the main kernel there on the H200, bench/HISTORY.md v29), and of
+// fp8_e4m3 caches in raw tiles (v42).
+template <typename QElement, KvFormat kFormat, int kHeadGroups, int kCopyStages, bool kFp8RawTiles>
 constexpr bool wide_warps_kernel() {
-  return !is_fp8(kFormat) && kHeadGroups == 2 && kCopyStages == 2 &&
-         !(kFormat == KvFormat::kBFloat16 && !std::is_same_v<QElement, __nv_bfloat16>);
+  if (kHeadGroups != 2 || kCopyStages != 2) return false;
+  if (kFormat == KvFormat::kFp8E4m3) return kFp8RawTiles;
+  return !is_fp8(kFormat) && !(kFormat == KvFormat::kBFloat16 && !std::is_same_v<QElement, __nv_bfloat16>);
 }
 
 // QElement: q / out type. kFormat: cache row format. kHeadDim: D (512 or 576). kHeadGroups:
 // groups of 16 heads per block. The rest select a variant (docs/design.md, the table of
-// variants): kCopyStages 1 is OneStage, kFp8RawTiles false DecodedFp8 (always so for fp8_e4m3's
-// 32-head blocks at D = 512, where raw tiles did not pay: bench/HISTORY.md v13), kPairedScores
+// variants): kCopyStages 1 is OneStage, kFp8RawTiles false DecodedFp8, kPairedScores
 // PairedScores, kE4m3Pv E4m3Pv; kWideWarps, which the configuration sets, the WideWarps family.
 template <typename QElement_, KvFormat kFormat_, int kHeadDim_, int kHeadGroups_, int kCopyStages_ = 2,
-          bool kFp8RawTiles_ = !is_fp8(kFormat_) || kHeadGroups_ == 1 || kHeadDim_ == kHeadSizeRoPE ||
-                               kFormat_ == KvFormat::kFp8DsMla,
-          bool kPairedScores_ = false, bool kE4m3Pv_ = false,
-          bool kWideWarps_ = wide_warps_kernel<QElement_, kFormat_, kHeadGroups_, kCopyStages_>()>
+          bool kFp8RawTiles_ = true, bool kPairedScores_ = false, bool kE4m3Pv_ = false,
+          bool kWideWarps_ = wide_warps_kernel<QElement_, kFormat_, kHeadGroups_, kCopyStages_, kFp8RawTiles_>()>
 struct SparseMlaFwdTraits {
   using QElement = QElement_;
   static constexpr KvFormat kFormat = kFormat_;
@@ -173,9 +172,10 @@ struct SparseMlaFwdTraits {
   // warp serves all 32 heads, so that each K and V fragment read from shared memory feeds two
   // MMAs: S over a quarter of D for 16 of the tile's 32 keys, P V over 64 of the 512 output
   // columns. The main kernel's shared-memory layout but for a second P buffer and alpha array.
-  static_assert(kWideWarps == wide_warps_kernel<QElement_, kFormat_, kHeadGroups_, kCopyStages_>(),
+  // fp8_ds_mla's P carries per-warp key scales (register P): not in this family.
+  static_assert(kWideWarps == wide_warps_kernel<QElement_, kFormat_, kHeadGroups_, kCopyStages_, kFp8RawTiles_>(),
                 "the kernel family follows from the configuration");
-  static_assert(!kWideWarps || (kDirectCopy && !kRawFp8 && !kQSplit && kStages == 2));
+  static_assert(!kWideWarps || (kDirectCopy && !kRegisterP && !kQSplit && kStages == 2));
 
   static_assert(kSmemBytes <= kSmemBudgetBytes,
                 "a kernel instantiation exceeds the 101,376-byte shared-memory ceiling");

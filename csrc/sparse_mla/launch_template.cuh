@@ -140,8 +140,7 @@ auto with_variant(FwdVariant variant, Fn&& fn, Missing&& missing) {
 }
 
 // A variant the configuration lacks runs its main kernel: the planner asks for the decode-once
-// variant by rule (planner.h decoded_fp8_plan), and fp8_e4m3's 32-head blocks at D = 512 have
-// no other kernel than one that decodes once.
+// variant by rule (planner.h decoded_fp8_plan), which 16-bit caches do not have.
 template <typename Traits>
 cudaError_t run_sparse_mla_fwd(const SparseMlaFwdParams& p, cudaStream_t stream) {
   const auto launch = [&](auto traits) { return launch_fwd<decltype(traits)>(p, stream); };

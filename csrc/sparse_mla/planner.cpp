@@ -127,8 +127,12 @@ SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int head_groups, KvForm
 }
 
 int plan_head_groups(int num_tokens, int num_heads, KvFormat format, int topk, int num_sms, int64_t workspace_bytes,
-                     int sixteen_head_blocks_per_sm, int thirty_two_head_blocks_per_sm) {
-  if (num_heads <= 16 || (sixteen_head_blocks_per_sm >= 2 && is_fp8(format))) return 1;
+                     int sixteen_head_blocks_per_sm, int thirty_two_head_blocks_per_sm, int sm_version) {
+  if (num_heads <= 16) return 1;
+  if (sixteen_head_blocks_per_sm >= 2 && is_fp8(format) &&
+      !(format == KvFormat::kFp8E4m3 && !software_fp8_convert(sm_version) &&
+        unsplit_blocks(num_tokens, num_heads, kMaxHeadGroups) > num_sms))
+    return 1;
   const SplitPlan wide = plan_splits(num_tokens, num_heads, kMaxHeadGroups, format, topk, num_sms, workspace_bytes,
                                      thirty_two_head_blocks_per_sm);
   return wide.num_splits > 1 && wide.tiles_per_split < kCoResidentMinTiles ? 1 : kMaxHeadGroups;
@@ -152,7 +156,7 @@ FwdPlan plan_fwd(DType dtype, KvFormat format, int head_size, int num_tokens, in
   const int head_groups = block_heads != 0
                               ? block_heads / 16
                               : plan_head_groups(num_tokens, num_heads, format, topk, num_sms, workspace_bytes,
-                                                 main_blocks[0], main_blocks[1]);
+                                                 main_blocks[0], main_blocks[1], sm_version);
   const int decoded_fp8_blocks = is_fp8(format) ? occupancy(head_groups, FwdVariant::kDecodedFp8) : 0;
   // Before sm_89 every fp8 launch decodes once (decoded_fp8_plan): planned at that occupancy, and
   // the paired-scores variant of raw tiles never runs.

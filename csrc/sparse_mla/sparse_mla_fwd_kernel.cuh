@@ -1,5 +1,6 @@
 // The sparse-MLA forward kernel on the warp-level mma.sync path. 32-head blocks of 16-bit caches
-// whose q enters the MMAs in one part run the WideWarps body instead (sparse_mla_fwd_wide.cuh).
+// whose q enters the MMAs in one part, and of raw fp8_e4m3 tiles, run the WideWarps body instead
+// (sparse_mla_fwd_wide.cuh).
 //
 // Grid: x = token * head_blocks + head_block (blocks of one token are adjacent, so the KV rows
 // they share are read from DRAM once and from L2 after), y = split of the top-k axis.

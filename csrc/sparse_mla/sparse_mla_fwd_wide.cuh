@@ -1,5 +1,5 @@
-// The WideWarps kernel family: 16-bit caches, blocks of 32 heads, q in one MMA part
-// (kernel_traits.h kWideWarps). Same grid, gather, shared-memory layout, softmax and epilogue
+// The WideWarps kernel family: 16-bit caches with q in one MMA part, and raw fp8_e4m3 tiles;
+// blocks of 32 heads (kernel_traits.h kWideWarps). Same grid, gather, shared-memory layout, softmax and epilogue
 // contract as the main kernel (sparse_mla_fwd_kernel.cuh); what differs is who computes what:
 //   S = Q K^T   warp (dq = warp % 4, kh = warp / 4): both head groups x keys 16 kh .. 16 kh + 15
 //               over quarter dq of D, Q of 32 heads in registers (each K fragment feeds 2 MMAs).
@@ -8,6 +8,8 @@
 //               feeds 2 MMAs), one tile late: beside the next tile's softmax.
 // Per tile, each warp reads half the K and V fragment bytes of the main kernel's warps, for the
 // same MMAs; the price is that the phases of a tile synchronise the whole block (two barriers).
+// fp8_e4m3 tiles stay raw in shared memory, as in the main kernel, and each fragment decoded
+// there feeds two MMAs instead of one.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,6 +20,7 @@
 
 #include "fwd_common.cuh"
 #include "kernel_traits.h"
+#include "kv_convert.cuh"
 #include "mma_utils.cuh"
 #include "params.h"
 
@@ -39,6 +42,8 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   constexpr int kMTiles = kBlockH / 16;
   constexpr int kDvPerWarp = kHeadSizeV / Traits::kNumWarps;
   constexpr int kLineChunks = 8;  // cp.async: 8 threads per row, whole 128-byte lines per warp
+  constexpr bool kRaw = Traits::kRawFp8;  // fp8_e4m3 (kernel_traits.h wide_warps_kernel)
+  static_assert(!kRaw || Traits::kFormat == KvFormat::kFp8E4m3);
   static_assert(kBlockH == 32 && kBlockN == 32 && Traits::kNumWarps == 8 && Traits::kNumThreads / kLineChunks == kBlockN);
   static_assert(Traits::kHeadGroups * Traits::kSBuffersPerGroup * Traits::kSmemSPartElems == kQuarters * kBlockH * kSPitch &&
                 Traits::kHeadGroups * Traits::kPBuffers * Traits::kSmemPBufferElems == 2 * kBlockH * kPPitch,
@@ -81,7 +86,15 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     const bool valid = r >= 0 && r < p.num_kv_rows;
     const uint8_t* src = p.kv + (valid ? static_cast<int64_t>(r) : 0) * p.kv_row_stride + g_sub * 16;
     uint8_t* dst = sKV + stage * Traits::kSmemKVStageBytes + g_row * Traits::kSmemRowBytes + g_sub * 16;
-    cp_async_row<Traits::kGatherRowBytes, kLineChunks>(dst, src, valid);
+    if constexpr (!kRaw) {
+      cp_async_row<Traits::kGatherRowBytes, kLineChunks>(dst, src, valid);
+    } else {  // 36 or 32 chunks: the main kernel's loop (fp8 rows, bench/HISTORY.md v26)
+#pragma unroll
+      for (int c = 0; c < (Traits::kGatherRowBytes / 16 + kLineChunks - 1) / kLineChunks; ++c) {
+        if (g_sub + c * kLineChunks < Traits::kGatherRowBytes / 16)
+          cp_async_16(dst + c * 16 * kLineChunks, src + c * 16 * kLineChunks, valid);
+      }
+    }
     if (g_sub == 0) sValid[stage * kBlockN + g_row] = valid;
     cp_async_commit();
   };
@@ -96,10 +109,15 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   // v36). Tile 0's gather is in flight meanwhile. Rows at the tiles' pitch: ldmatrix reads them
   // without bank conflicts.
   const int32_t first = row_index(0), second = row_index(1);
-  // [head][kPitch], q as given (QElement), converted after ldmatrix where the cache's type differs.
+  // [head][kPitch], q as given (QElement), converted after the load where the cache's type
+  // differs. Raw fp8 stages are half as large: q also takes the partial-score and P buffers
+  // after stage 1, which the loop uses first.
   Element* sQ = reinterpret_cast<Element*>(sKV + Traits::kSmemKVStageBytes);
-  static_assert(sizeof(QElement) == sizeof(Element), "q's rows take the tiles' pitch");
-  static_assert(kBlockH * kPitch * sizeof(Element) <= Traits::kSmemKVStageBytes, "q of the block fits a stage");
+  static_assert(sizeof(QElement) == sizeof(Element), "q's rows at the pitch of a 16-bit tile");
+  static_assert(Traits::kSmemKVOffset + 2 * Traits::kSmemKVStageBytes == Traits::kSmemSOffset &&
+                    kBlockH * kPitch * sizeof(Element) <= Traits::kSmemStatsOffset - Traits::kSmemKVStageBytes &&
+                    (kRaw || kBlockH * kPitch * sizeof(Element) <= Traits::kSmemKVStageBytes),
+                "q of the block fits from stage 1 on, before the stats and flags");
   {
     constexpr int kChunkElems = 16 / sizeof(QElement);  // one cp.async
     constexpr int kQChunks = Traits::kHeadDim / kChunkElems;
@@ -126,7 +144,16 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   for (int s = 0; s < kSteps; ++s) {
 #pragma unroll
     for (int m = 0; m < kMTiles; ++m) {
-      ldmatrix_x4(q_frag[s][m], sQ + (m * 16 + lane % 16) * kPitch + step_col(s) + (lane / 16) * 8);
+      if constexpr (!kRaw) {
+        ldmatrix_x4(q_frag[s][m], sQ + (m * 16 + lane % 16) * kPitch + step_col(s) + (lane / 16) * 8);
+      } else {
+        // The raw tiles' B fragments hold columns (4j, 4j + 1) and (4j + 2, 4j + 3), j = lane % 4
+        // (the S loop below): q's A fragments take the same columns, as in the main kernel.
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          q_frag[s][m][i] = *reinterpret_cast<const uint32_t*>(
+              sQ + (m * 16 + lane / 4 + (i & 1) * 8) * kPitch + step_col(s) + (lane % 4) * 4 + (i >> 1) * 2);
+      }
       if constexpr (!std::is_same_v<QElement, Element>) {  // bf16 q with an fp16 cache
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -137,6 +164,12 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     }
   }
   __syncthreads();  // every warp has its q: stage 1 is free for tile 1
+  // fp8_e4m3: S and O carry the per-tensor scale, applied in fp32.
+  float tensor_scale = 1.f;
+  if constexpr (kRaw) {
+    if (p.k_scale != nullptr) tensor_scale = __ldg(p.k_scale);
+  }
+  const float score_scale = p.sm_scale_log2 * tensor_scale;
   issue_row(second, 1);
   int32_t next_row = row_index(2);  // the thread's row of the next tile to issue
 
@@ -161,13 +194,22 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   // shuffles and exponentials would otherwise leave the MMA pipe idle. Its V (this warp's 64
   // columns x the 32 keys) waits in registers, so that the next gather may take its stage; its P
   // and alpha wait in the second of two buffers.
-  uint32_t v_frag[kBlockN / 16][kDvPerWarp / 16][4];
-  const int v_off = ((lane % 8) + ((lane >> 3) & 1) * 8) * kPitch + warp * kDvPerWarp + (lane >> 4) * 8;
-  auto load_v = [&](const Element* sV) {
+  // Raw fp8: 32 columns (bytes) per ldmatrix, decoded in pv().
+  constexpr int kVCols = kRaw ? 32 : 16;
+  uint32_t v_frag[kBlockN / 16][kDvPerWarp / kVCols][4];
+  // Offset of this lane's ldmatrix address in a stage, in bytes (raw) or elements.
+  const int v_key = (lane % 8) + ((lane >> 3) & 1) * 8;
+  const int v_off = kRaw ? v_key * Traits::kSmemRowBytes + warp * kDvPerWarp + (lane >> 4) * 16
+                         : v_key * kPitch + warp * kDvPerWarp + (lane >> 4) * 8;
+  auto load_v = [&](const uint8_t* sV_bytes) {
+    const Element* sV = reinterpret_cast<const Element*>(sV_bytes);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
 #pragma unroll
-      for (int n2 = 0; n2 < kDvPerWarp / 16; ++n2) ldmatrix_x4_trans(v_frag[kk][n2], sV + v_off + kk * 16 * kPitch + n2 * 16);
+      for (int n2 = 0; n2 < kDvPerWarp / kVCols; ++n2) {
+        if constexpr (kRaw) ldmatrix_x4_trans(v_frag[kk][n2], sV_bytes + v_off + kk * 16 * Traits::kSmemRowBytes + n2 * kVCols);
+        else ldmatrix_x4_trans(v_frag[kk][n2], sV + v_off + kk * 16 * kPitch + n2 * 16);
+      }
     }
   };
   // The pending tile's P (A fragments) and alpha, read during the next tile's S: written before
@@ -204,11 +246,29 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
 #pragma unroll
-      for (int n2 = 0; n2 < kDvPerWarp / 16; ++n2) {
+      for (int n2 = 0; n2 < kDvPerWarp / kVCols; ++n2) {
+        if constexpr (kRaw) {
+          // As the main kernel's raw P V: matrices (keys 0-7, 8-15) x (bytes 0-15, 16-31),
+          // transposed as b16; the even bytes are the B fragment of 16-column chunk c's even
+          // columns, the odd bytes of its odd ones: acc_o[m][2 (2 n2 + c) + odd] (the epilogue's
+          // order).
 #pragma unroll
-        for (int m = 0; m < kMTiles; ++m) {
-          mma_16816<Element>(acc_o[m][2 * n2], p_frag[kk][m], v_frag[kk][n2][0], v_frag[kk][n2][1]);
-          mma_16816<Element>(acc_o[m][2 * n2 + 1], p_frag[kk][m], v_frag[kk][n2][2], v_frag[kk][n2][3]);
+          for (int c = 0; c < 2; ++c) {
+#pragma unroll
+            for (int odd = 0; odd < 2; ++odd) {
+              const uint32_t select = odd ? 0x31u : 0x20u;  // bytes (odd, 2 + odd)
+              const uint32_t b0 = e4m3x2_to_half2(__byte_perm(v_frag[kk][n2][2 * c], 0u, select));
+              const uint32_t b1 = e4m3x2_to_half2(__byte_perm(v_frag[kk][n2][2 * c + 1], 0u, select));
+#pragma unroll
+              for (int m = 0; m < kMTiles; ++m) mma_16816<Element>(acc_o[m][2 * (2 * n2 + c) + odd], p_frag[kk][m], b0, b1);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int m = 0; m < kMTiles; ++m) {
+            mma_16816<Element>(acc_o[m][2 * n2], p_frag[kk][m], v_frag[kk][n2][0], v_frag[kk][n2][1]);
+            mma_16816<Element>(acc_o[m][2 * n2 + 1], p_frag[kk][m], v_frag[kk][n2][2], v_frag[kk][n2][3]);
+          }
         }
       }
     }
@@ -218,7 +278,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
 #pragma unroll
-    for (int n2 = 0; n2 < kDvPerWarp / 16; ++n2) v_frag[kk][n2][0] = v_frag[kk][n2][1] = v_frag[kk][n2][2] = v_frag[kk][n2][3] = 0u;
+    for (int n2 = 0; n2 < kDvPerWarp / kVCols; ++n2) v_frag[kk][n2][0] = v_frag[kk][n2][1] = v_frag[kk][n2][2] = v_frag[kk][n2][3] = 0u;
   }
   for (int i = tid; i < kBlockH * kPPitch / 2; i += Traits::kNumThreads)
     reinterpret_cast<uint32_t*>(sP + kBlockH * kPPitch)[i] = 0u;
@@ -234,7 +294,8 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     // here would make every warp wait for its V ldmatrix loads before the barrier.
     cp_async_wait<0>();
     __syncthreads();
-    const Element* sK = reinterpret_cast<const Element*>(sKV + stage * Traits::kSmemKVStageBytes);
+    const uint8_t* sK_bytes = sKV + stage * Traits::kSmemKVStageBytes;
+    const Element* sK = reinterpret_cast<const Element*>(sK_bytes);
 
     load_p(stage ^ 1);
 
@@ -252,7 +313,19 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
           next_row = row_index(it + 2);
         }
         uint32_t b[4];  // keys 0-7 (b0, b1) and 8-15 (b2, b3) of the half
-        ldmatrix_x4(b, k_base + step_col(s));
+        if constexpr (kRaw) {
+          // The step's 16 bytes of the half's keys read as 8 b16: thread (n = lane / 4, j = lane
+          // % 4) gets bytes 4j .. 4j + 3 of key 8 nt + n, q's permuted columns.
+          uint32_t r[2];
+          ldmatrix_x2(r, sK_bytes + (kh * 16 + lane % 16) * Traits::kSmemRowBytes + step_col(s));
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            b[2 * nt] = e4m3x2_to_half2(r[nt]);
+            b[2 * nt + 1] = e4m3x2_to_half2(r[nt] >> 16);
+          }
+        } else {
+          ldmatrix_x4(b, k_base + step_col(s));
+        }
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
@@ -301,7 +374,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       float tile_max = -INFINITY;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        x[i] = valid[i] ? x[i] * p.sm_scale_log2 : -INFINITY;
+        x[i] = valid[i] ? x[i] * (kRaw ? score_scale : p.sm_scale_log2) : -INFINITY;
         if constexpr (!kShortChain) tile_max = fmaxf(tile_max, x[i]);
       }
       if constexpr (kShortChain) tile_max = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
@@ -328,7 +401,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     }
 
     // 4. This tile's V into registers.
-    load_v(sK);
+    load_v(sK_bytes);
   }
   if (num_tiles > 0) {
     __syncthreads();  // the last tile's P and alpha
@@ -340,7 +413,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // see the main kernel
 #endif
 
-  // Epilogue: as the main kernel's, for 16-bit caches.
+  // Epilogue: as the main kernel's, for 16-bit caches and raw fp8_e4m3 tiles.
 #pragma unroll
   for (int o = 1; o < 8; o <<= 1) l_run += __shfl_xor_sync(~0u, l_run, o);
   if ((tid % 8) == 0) {
@@ -363,20 +436,35 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       const int h = h0 + r;
       if (h >= p.num_heads) continue;
       const float l = sL[r];
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const int col0 = warp * kDvPerWarp + (lane % 4) * 2;  // + 8 n: acc_o[m][n][2 half + {0, 1}]
+      const float inv = l > 0.f ? tensor_scale / l : 0.f;
+      // Runs of kRun columns, one vector store each (the main kernel's epilogue): raw tiles'
+      // acc_o[m][2 n + odd][2 half + e] is column 16 n + 4 (lane % 4) + 2 e + odd of the warp's
+      // 64; otherwise acc_o[m][n][2 half + k] is column 8 n + 2 (lane % 4) + k.
+      constexpr int kRun = kRaw ? 4 : 2;
+      constexpr int kRuns = kDvPerWarp / (4 * kRun);
+      const int col0 = warp * kDvPerWarp + (lane % 4) * kRun;  // + 4 kRun n: run n
+      auto val = [&](int n, int k) {
+        return (kRaw ? acc_o[m][2 * n + k % 2][2 * half + k / 2] : acc_o[m][n][2 * half + k]) * inv;
+      };
       if (p.num_splits == 1) {
         QElement* out = static_cast<QElement*>(p.out) + t * p.out_stride_t + static_cast<int64_t>(h) * p.out_stride_h;
 #pragma unroll
-        for (int n = 0; n < kDvPerWarp / 8; ++n)
-          *reinterpret_cast<uint32_t*>(out + col0 + n * 8) =
-              pack2<QElement>(acc_o[m][n][2 * half] * inv, acc_o[m][n][2 * half + 1] * inv);
+        for (int n = 0; n < kRuns; ++n) {
+          const uint32_t w0 = pack2<QElement>(val(n, 0), val(n, 1));
+          if constexpr (kRun == 4)
+            *reinterpret_cast<uint2*>(out + col0 + n * 16) = make_uint2(w0, pack2<QElement>(val(n, 2), val(n, 3)));
+          else
+            *reinterpret_cast<uint32_t*>(out + col0 + n * 8) = w0;
+        }
       } else {
         float* out = p.partial_out + ((static_cast<int64_t>(t) * p.num_heads + h) * p.num_splits + split) * kHeadSizeV;
 #pragma unroll
-        for (int n = 0; n < kDvPerWarp / 8; ++n)
-          *reinterpret_cast<float2*>(out + col0 + n * 8) =
-              make_float2(acc_o[m][n][2 * half] * inv, acc_o[m][n][2 * half + 1] * inv);
+        for (int n = 0; n < kRuns; ++n) {
+          if constexpr (kRun == 4)
+            *reinterpret_cast<float4*>(out + col0 + n * 16) = make_float4(val(n, 0), val(n, 1), val(n, 2), val(n, 3));
+          else
+            *reinterpret_cast<float2*>(out + col0 + n * 8) = make_float2(val(n, 0), val(n, 1));
+        }
       }
     }
   }

@@ -32,8 +32,7 @@ def fwd_blocks_per_sm(dtype: torch.dtype, kv_cache_dtype: str, head_size: int, n
     ``"fp8_ds_mla"``; not ``"auto"``), ``head_size`` (512 or 576) and ``num_heads``, which names
     the block: 1-16 the 16-head kernel, 17-128 the 32-head one. ``variant`` (``VARIANTS``) asks
     for one of the configuration's variants instead of its main kernel (``one_stage``: 16-head
-    16-bit caches; ``decoded_fp8``: fp8 caches, but not fp8_e4m3's 32-head blocks at D = 512,
-    whose main kernel decodes once; ``paired_scores``: 16-head fp8_ds_mla at D = 576); 0 where the
+    16-bit caches; ``decoded_fp8``: fp8 caches; ``paired_scores``: 16-head fp8_ds_mla at D = 576); 0 where the
     configuration has none. The planner plans with these counts (docs/kernel.md); with
     ``SPARSE_MLA_SM120_OCCUPANCY=1`` in the process's environment, those of an sm_120 SM. Raises
     ``ValueError`` for any other value, ``RuntimeError`` without the op library."""

@@ -363,15 +363,14 @@ TEST(SplitPlan, OneStagePlanOnlyWhereItDoublesTheBlocksPerSm) {
 // sm_120's occupancies as launch.h fwd_blocks_per_sm reports them: 16-head 16-bit kernels one
 // two-stage block per SM and two one-stage ones; 16-head fp8 kernels two of raw tiles and two
 // decode-once ones, but fp8_ds_mla at D = 576 one of raw tiles and two of its paired-scores
-// variant; the other configurations one block, and one of the decode-once variant but for
-// fp8_e4m3's 32-head D = 512 kernel, which has none (0).
+// variant; the other configurations one block, and one of the decode-once variant.
 int sm120_like_blocks_per_sm(DType, KvFormat format, int head_size, int head_groups, FwdVariant variant) {
   const bool sixteen = head_groups == 1;
   const bool bits16 = format == KvFormat::kBFloat16 || format == KvFormat::kFloat16;
   switch (variant) {
     case FwdVariant::kOneStage: return sixteen && bits16 ? 2 : 0;
     case FwdVariant::kDecodedFp8:
-      return bits16 || (!sixteen && head_size == 512 && format == KvFormat::kFp8E4m3) ? 0 : sixteen ? 2 : 1;
+      return bits16 ? 0 : sixteen ? 2 : 1;
     case FwdVariant::kPairedScores: return sixteen && format == KvFormat::kFp8DsMla && head_size == 576 ? 2 : 0;
     default: return sixteen && !bits16 && !(format == KvFormat::kFp8DsMla && head_size == 576) ? 2 : 1;
   }
@@ -517,10 +516,19 @@ TEST(SplitPlan, DecodedFp8KernelForGridsOfOneWave) {
 
 TEST(HeadGroups, Fp8SixteenHeadBlocksWhereAnSmHoldsTwo) {
   const int64_t ws = workspace_size(132);
-  for (KvFormat f : {KvFormat::kFp8E4m3, KvFormat::kFp8DsMla})
-    for (int H : {17, 32, 64, 128})
-      for (int T : {1, 4, 64, 1024, 4096})
-        EXPECT_EQ(plan_head_groups(T, H, f, 2048, 132, ws, 2, 1), 1) << H << " " << T;
+  for (int H : {17, 32, 64, 128})
+    for (int T : {1, 4, 64, 1024, 4096}) {
+      EXPECT_EQ(plan_head_groups(T, H, KvFormat::kFp8DsMla, 2048, 132, ws, 2, 1), 1) << H << " " << T;
+      // fp8_e4m3: 32-head blocks (its WideWarps kernel) where their unsplit grid has more blocks
+      // than SMs, but not before sm_89 (sm_version 86), whose e4m3 conversion is software.
+      const int wide = T * ((H + 31) / 32) > 132 ? 2 : 1;
+      EXPECT_EQ(plan_head_groups(T, H, KvFormat::kFp8E4m3, 2048, 132, ws, 2, 1), wide) << H << " " << T;
+      EXPECT_EQ(plan_head_groups(T, H, KvFormat::kFp8E4m3, 2048, 132, ws, 2, 1, 120), wide) << H << " " << T;
+      EXPECT_EQ(plan_head_groups(T, H, KvFormat::kFp8E4m3, 2048, 132, ws, 2, 1, 86), 1) << H << " " << T;
+    }
+  // The edge: 64 heads, 66 tokens are 132 blocks of 32 heads (one wave), 67 tokens 134.
+  EXPECT_EQ(plan_head_groups(66, 64, KvFormat::kFp8E4m3, 2048, 132, ws, 2, 1), 1);
+  EXPECT_EQ(plan_head_groups(67, 64, KvFormat::kFp8E4m3, 2048, 132, ws, 2, 1), 2);
   // Up to 16 heads one group, whatever the occupancies.
   for (int H : {1, 8, 16}) EXPECT_EQ(plan_head_groups(1024, H, KvFormat::kBFloat16, 2048, 132, ws, 1, 1), 1) << H;
   // 16-bit caches: 16-head blocks at decode only (T = 1: 34 splits of 2 tiles; T = 64: 2 of 34).
@@ -561,23 +569,34 @@ TEST(SplitPlan, LaunchPlanUsesTheCacheFormat) {
 TEST(HeadGroups, LaunchPlanCarriesTheHeadGroups) {
   const int64_t ws = workspace_size(132);  // good_args' workspace
   for (int64_t T : {1, 64, 1024}) {
-    SparseMlaFwdArgs fp8 = good_args(T, 64);
-    fp8.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 576}, 1);
-    fp8.kv_cache_dtype = "fp8_e4m3";
-    const SparseMlaFwdParams p = plan_sparse_mla_fwd(fp8, true, 132, &h200_like_blocks_per_sm).params;
-    const SplitPlan want = plan_splits(static_cast<int>(T), 64, kOneGroup, KvFormat::kFp8E4m3, 2048, 132, ws, 2);
-    EXPECT_EQ(p.head_groups, kOneGroup) << T;
-    EXPECT_EQ(p.num_splits, want.num_splits) << T;
-    EXPECT_EQ(p.tiles_per_split, want.tiles_per_split) << T;
+    for (const KvFormat format : {KvFormat::kFp8DsMla, KvFormat::kFp8E4m3}) {
+      const bool e4m3 = format == KvFormat::kFp8E4m3;
+      SparseMlaFwdArgs fp8 = good_args(T, 64);
+      fp8.kv_cache = tensor(ScalarType::kUInt8, {256, 64, e4m3 ? 576 : kDsMlaRecordBytes}, 1);
+      fp8.kv_cache_dtype = e4m3 ? "fp8_e4m3" : "fp8_ds_mla";
+      const SparseMlaFwdParams p = plan_sparse_mla_fwd(fp8, true, 132, &h200_like_blocks_per_sm).params;
+      // fp8_e4m3's 32-head blocks where they are more than one wave: T = 1024 (2,048 blocks).
+      const int groups = e4m3 && T == 1024 ? kTwoGroups : kOneGroup;
+      const SplitPlan want = plan_splits(static_cast<int>(T), 64, groups, format, 2048, 132, ws, groups == 1 ? 2 : 1);
+      EXPECT_EQ(p.head_groups, groups) << T << " " << fp8.kv_cache_dtype;
+      EXPECT_EQ(p.num_splits, want.num_splits) << T << " " << fp8.kv_cache_dtype;
+      EXPECT_EQ(p.tiles_per_split, want.tiles_per_split) << T << " " << fp8.kv_cache_dtype;
+    }
   }
-  // sm_120's: one 16-head 16-bit block per SM, two fp8_e4m3 ones.
+  // sm_120's: one 16-head 16-bit block per SM, two fp8_e4m3 ones, whose 32-head blocks still run
+  // where they are more than one wave (T = 1024 x 32 heads), and not before sm_89.
   EXPECT_EQ(plan_sparse_mla_fwd(good_args(1024, 32), true, 132, &sm120_like_blocks_per_sm).params.head_groups,
             kTwoGroups);
   EXPECT_EQ(plan_sparse_mla_fwd(good_args(1, 32), true, 132, &sm120_like_blocks_per_sm).params.head_groups, kOneGroup);
   SparseMlaFwdArgs fp8 = good_args(1024, 32);
   fp8.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 576}, 1);
   fp8.kv_cache_dtype = "fp8_e4m3";
-  EXPECT_EQ(plan_sparse_mla_fwd(fp8, true, 132, &sm120_like_blocks_per_sm).params.head_groups, kOneGroup);
+  EXPECT_EQ(plan_sparse_mla_fwd(fp8, true, 132, &sm120_like_blocks_per_sm, 120).params.head_groups, kTwoGroups);
+  EXPECT_EQ(plan_sparse_mla_fwd(fp8, true, 132, &sm120_like_blocks_per_sm, 86).params.head_groups, kOneGroup);
+  fp8 = good_args(64, 32);
+  fp8.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 576}, 1);
+  fp8.kv_cache_dtype = "fp8_e4m3";
+  EXPECT_EQ(plan_sparse_mla_fwd(fp8, true, 132, &sm120_like_blocks_per_sm, 120).params.head_groups, kOneGroup);
   EXPECT_EQ(plan_sparse_mla_fwd(good_args(1024, 64), true, 132, &h200_like_blocks_per_sm).params.head_groups,
             kTwoGroups);
   SparseMlaFwdArgs fp16 = good_args(1024, 64);

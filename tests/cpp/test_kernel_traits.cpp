@@ -37,8 +37,7 @@ TEST(KernelTraits, SixteenBitAndFp8CachesCopyTwoStages) {
   expect_stages<__nv_bfloat16, KvFormat::kBFloat16, 576>(2, 2);
   expect_stages<__half, KvFormat::kFloat16, 512>(2, 2);
   expect_stages<__half, KvFormat::kFloat16, 576>(2, 2);
-  // (fp8_e4m3's 32 heads at D = 512: the decode-once register path, decoding into two stages;
-  // Fp8E4m3TilesStayRawWithAConflictFreePitch below. fp8_ds_mla: two stages of raw tiles.)
+  // (fp8: two stages of raw tiles; Fp8E4m3TilesStayRawWithAConflictFreePitch below.)
   expect_stages<__nv_bfloat16, KvFormat::kFp8E4m3, 512>(2, 2);
   expect_stages<__half, KvFormat::kFp8E4m3, 576>(2, 2);
   expect_stages<__nv_bfloat16, KvFormat::kFp8DsMla, 512>(2, 2);
@@ -51,10 +50,15 @@ TEST(KernelTraits, Fp8E4m3TilesStayRawWithAConflictFreePitch) {
   EXPECT_EQ(E4m3::kSmemRowBytes, 592);  // 37 x 16 bytes: 8 rows of ldmatrix in 8 bank groups
   EXPECT_EQ(E4m3::kSmemKVStageBytes, 32 * 592);
   EXPECT_EQ((SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 512, 1>::kSmemRowBytes), 528);
-  static_assert(SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 576, 2>::kRawFp8);
-  // Its 32-head blocks at D = 512 always decode into shared memory, and have no variant.
+  // Its 32-head blocks: the WideWarps kernel of raw tiles, whose q takes stage 1 and the
+  // partial-score and P buffers after it (sparse_mla_fwd_wide.cuh), at both head sizes.
   using E4m3Glm32 = SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 512, 2>;
-  static_assert(!E4m3Glm32::kRawFp8 && !E4m3Glm32::kHasDecodedFp8Variant);
+  using E4m3Ds32 = SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kFp8E4m3, 576, 2>;
+  static_assert(E4m3Glm32::kRawFp8 && E4m3Glm32::kWideWarps && E4m3Glm32::kHasDecodedFp8Variant);
+  static_assert(E4m3Ds32::kRawFp8 && E4m3Ds32::kWideWarps && E4m3Ds32::kHasDecodedFp8Variant);
+  static_assert(!E4m3Ds32::DecodedFp8::kWideWarps && !E4m3Ds32::DecodedFp8::kRawFp8);
+  EXPECT_EQ(E4m3Ds32::kSmemBytes, 63104);
+  EXPECT_EQ(E4m3Glm32::kSmemBytes, 59008);
   static_assert(!SparseMlaFwdTraits<__half, KvFormat::kBFloat16, 576, 1>::kRawFp8);
 }
 
@@ -186,11 +190,13 @@ TEST(KernelTraits, AccumulatorOrderScoreAccessesAreConflictFree) {
 namespace {
 
 // The WideWarps kernel family (v29): the kernel of 32-head blocks of 16-bit caches whose q enters
-// the MMAs in one part (not fp16 q with a bf16 cache), of no other configuration or variant.
+// the MMAs in one part (not fp16 q with a bf16 cache), and of fp8_e4m3 caches (v42), of no other
+// configuration or variant.
 template <typename Traits>
 void expect_wide_warps_rule(const char* variant, bool is_main) {
   const bool one_q_part = !(Traits::kFormat == KvFormat::kBFloat16 && std::is_same_v<typename Traits::QElement, __half>);
-  const bool there = is_main && !is_fp8(Traits::kFormat) && Traits::kHeadGroups == 2 && one_q_part;
+  const bool format = Traits::kFormat == KvFormat::kFp8E4m3 || (!is_fp8(Traits::kFormat) && one_q_part);
+  const bool there = is_main && Traits::kHeadGroups == 2 && format;
   const auto config = [&] {
     return std::string(variant) + ": format " + std::to_string(static_cast<int>(Traits::kFormat)) + ", D " +
            std::to_string(Traits::kHeadDim) + ", " + std::to_string(Traits::kHeadGroups) + " head groups, q " +
@@ -219,8 +225,8 @@ void expect_rules_of_every_shape() {
 
 }  // namespace
 
-TEST(KernelTraits, WideWarpsOnlyForThirtyTwoHeadSixteenBitBlocksWithQInOnePart) {
-  // The rule's measurement is in kernel_traits.h beside it (bench/HISTORY.md v29).
+TEST(KernelTraits, WideWarpsOnlyForThirtyTwoHeadBlocksOfSixteenBitCachesWithQInOnePartAndOfFp8E4m3) {
+  // The rule's measurements are in kernel_traits.h beside it (bench/HISTORY.md v29, v42).
   for (auto check : {expect_rules_of_every_shape<__nv_bfloat16, KvFormat::kBFloat16>,
                      expect_rules_of_every_shape<__half, KvFormat::kBFloat16>,
                      expect_rules_of_every_shape<__nv_bfloat16, KvFormat::kFloat16>,
