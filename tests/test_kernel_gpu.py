@@ -166,16 +166,15 @@ def _fwd_kernel_configs(prof) -> set[tuple[int, int, str]]:
 def _planned_block_heads(kv_cache_dtype: str, head_size: int, num_heads: int, num_tokens: int,
                          split_short: bool) -> int:
     """The heads per block planner.h plan_head_groups gives: 16 up to 16 heads, for fp8 caches where
-    an SM holds two 16-head blocks (the fwd_blocks_per_sm op) but for fp8_e4m3 on sm_89+ where the
-    unsplit 32-head grid has more blocks than SMs, or where the 32-head plan splits into blocks of
-    fewer than 8 tiles (`split_short`, from the caller's shape); else 32."""
+    an SM holds two 16-head blocks (the fwd_blocks_per_sm op) but on sm_89+ where the unsplit
+    32-head grid has more blocks than SMs, or where the 32-head plan splits into blocks of fewer
+    than 8 tiles (`split_short`, from the caller's shape); else 32."""
     if num_heads <= 16 or split_short:
         return 16
     if kv_cache_dtype in verify.KV_16BIT:
         return 32
     props = torch.cuda.get_device_properties(0)
-    if (kv_cache_dtype == "fp8_e4m3" and (props.major, props.minor) >= (8, 9)
-            and num_tokens * -(-num_heads // 32) > props.multi_processor_count):
+    if (props.major, props.minor) >= (8, 9) and num_tokens * -(-num_heads // 32) > props.multi_processor_count:
         return 32
     return 16 if _testing.fwd_blocks_per_sm(torch.bfloat16, kv_cache_dtype, head_size, 16) >= 2 else 32
 
@@ -186,8 +185,8 @@ def _planned_block_heads(kv_cache_dtype: str, head_size: int, num_heads: int, nu
 @pytest.mark.parametrize("head_size", [512, 576])
 def test_head_blocks_as_planned_or_forced(head_size, kv_cache_dtype, num_tokens, block_heads):
     """64 heads run the block size plan_head_groups picks (planner.h; 16-head blocks for fp8 caches
-    on a GPU that holds two of them per SM, as the H200 does, but for fp8_e4m3 at T = 256, whose
-    32-head grid is more than one wave, and for T = 1, whose 32-head plan splits topk 2048 into
+    on a GPU that holds two of them per SM, as the H200 does, but at T = 256, whose 32-head grid
+    is more than one wave, and for T = 1, whose 32-head plan splits topk 2048 into
     blocks of two tiles), or the one block_heads forces; the profiler must see it, with right
     values."""
     from torch.profiler import ProfilerActivity, profile
@@ -211,10 +210,10 @@ def test_fp8_raw_and_decoded_tile_kernels(head_size, num_heads, block_heads, kv_
     an SM holds two decode-once blocks but one of raw tiles and fewer than two of the paired-scores
     variant of raw tiles, which runs before it (plan_fwd_splits): the profiler must see each where
     it is planned, both with right values under random masks and topk_len, q strided or split;
-    fp8_e4m3's 32-head kernel of raw tiles is the WideWarps one (kernel_traits.h). The one-wave
+    the 32-head kernel of raw tiles is the WideWarps one (kernel_traits.h). The one-wave
     launches have two tiles (topk 64: unsplit, T x head blocks <= 28 blocks), the others 2 x SMs
     tokens of 16 tiles; all unsplit, so 64 heads run 32-head blocks where forced, where an SM holds
-    one 16-head block, or for fp8_e4m3 on sm_89+ where they are more than one wave (planner.h
+    one 16-head block, or on sm_89+ where they are more than one wave (planner.h
     plan_head_groups), else 16-head ones."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -229,7 +228,7 @@ def test_fp8_raw_and_decoded_tile_kernels(head_size, num_heads, block_heads, kv_
         # planner.h variant_raises_occupancy: the paired-scores variant first, then the decode-once one.
         raw = (not one_wave and (props.major, props.minor) >= (8, 9)
                and not (occupancy[0] < 2 <= occupancy[1] and paired < 2))
-        wide = "true" if raw and bh == 32 and kv_cache_dtype == "fp8_e4m3" else "false"
+        wide = "true" if raw and bh == 32 else "false"
         for masking in ("random", "topk_len"):
             case = Case(head_size=head_size, num_heads=num_heads, topk=topk, num_tokens=num_tokens,
                         kv_cache_dtype=kv_cache_dtype, masking=masking, layout=layout, block_heads=block_heads)
@@ -355,6 +354,33 @@ def test_fp8_ds_mla_e4m3_pv_option(monkeypatch, head_size, num_heads, block_head
             result = verify.run_case(case, torch.device("cuda"))
         _check(result)
         assert all(a[7:] == ["true", "false"] for a in _fwd_kernel_traits(prof)), case.label()
+
+
+@pytest.mark.parametrize("q_dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_ds_mla"])
+@pytest.mark.parametrize("head_size", [512, 576])
+def test_wide_warps_family_of_fp8_caches(head_size, kv, q_dtype):
+    """fp8 caches' planned 32-head blocks of raw tiles run the WideWarps kernel on sm_89+ (the
+    profiler sees the traits' kWideWarps argument), within verify's bars on fresh NaN-poisoned
+    inputs: SMs + 8 tokens of 32 heads, topk 512, which the planner splits in two (the partial
+    results' epilogue and the combine pass; planner.h plan_splits), 40 heads (a padded head
+    block) with topk_len, and 2 x SMs tokens of 64 heads, q split."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("before sm_89 fp8 launches decode each tile once (planner.h decoded_fp8_plan)")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for num_heads, num_tokens, topk, masking, layout in ((32, sms + 8, 512, "random", "contiguous"),
+                                                         (40, 272, 128, "topk_len", "strided"),
+                                                         (64, 2 * sms, 512, "none", "split_q")):
+        case = Case(head_size=head_size, num_heads=num_heads, topk=topk, num_tokens=num_tokens, kv_cache_dtype=kv,
+                    masking=masking, q_dtype=q_dtype, layout=layout if head_size == 576 else "strided")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            result = verify.run_case(case, torch.device("cuda"))
+        _check(result)
+        assert {(a[3], a[8]) for a in _fwd_kernel_traits(prof)} == {("2", "true")}, case.label()
+        if num_heads == 32:
+            assert any("combine" in e.name for e in prof.events()), case.label()
 
 
 @pytest.mark.parametrize("kv, q_dtype", [("bf16", "bf16"), ("fp16", "fp16"), ("fp16", "bf16"), ("bf16", "fp16")])

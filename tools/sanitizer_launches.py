@@ -12,7 +12,7 @@ block each with random topk_len (for fp8 caches these one-wave grids run the ker
 each tile once; one token of 8 heads splits into one-tile blocks), and one token of 8 heads at topk
 2176 (68 one-tile blocks and the 17-load decode combine); and, with 16-bit caches at 8 heads and fp8
 caches at 8 and at 32 in 32-head blocks, a grid of two blocks per SM with random topk_len, which
-runs the fp8 kernels of raw tiles (fp8_e4m3's 32-head ones: the WideWarps kernel; not on GPUs
+runs the fp8 kernels of raw tiles (the 32-head ones: the WideWarps kernel; not on GPUs
 before sm_89; 16-head fp8_ds_mla at D = 576 in its paired-scores variant where an SM holds one
 block of the main kernel) and the 16-bit one-stage kernels where an SM holds
 one two-stage block (sm_120, or any GPU with SPARSE_MLA_SM120_OCCUPANCY=1 set, as README says). The

@@ -20,11 +20,11 @@ constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 // Whether a configuration's kernel is the WideWarps family (sparse_mla_fwd_wide.cuh): 32-head
 // blocks of 16-bit caches whose q enters the MMAs in one part, i.e. all but fp16 q with a bf16
 // cache (1.08-1.13x faster than the main kernel there on the H200, bench/HISTORY.md v29), and of
-// fp8_e4m3 caches in raw tiles (v42).
+// fp8 caches in raw tiles (fp8_e4m3 v42, fp8_ds_mla v43), but for the E4m3Pv variant.
 template <typename QElement, KvFormat kFormat, int kHeadGroups, int kCopyStages, bool kFp8RawTiles>
 constexpr bool wide_warps_kernel() {
   if (kHeadGroups != 2 || kCopyStages != 2) return false;
-  if (kFormat == KvFormat::kFp8E4m3) return kFp8RawTiles;
+  if (is_fp8(kFormat)) return kFp8RawTiles;
   return !is_fp8(kFormat) && !(kFormat == KvFormat::kBFloat16 && !std::is_same_v<QElement, __nv_bfloat16>);
 }
 
@@ -52,8 +52,9 @@ struct SparseMlaFwdTraits {
   // fp8_ds_mla folds its per-row scales into P, so each warp's P differs (its column tile's
   // scales): the softmax writes p in fp32 and every warp builds its own P fragments in registers,
   // divided by a power of two near its tile's largest scale to keep fp16 out of the subnormals.
+  // (The WideWarps family instead has the softmax write one such P copy per scale tile.)
   static constexpr bool kDsMla = kFormat == KvFormat::kFp8DsMla;
-  static constexpr bool kRegisterP = kDsMla;
+  static constexpr bool kRegisterP = kDsMla && !kWideWarps_;
 
   // One block: one query token, kHeadGroups x 16 heads, a range of KV tiles of kBlockN rows.
   // Warp (g, w) of head group g (16 heads = the M of m16n8k16):
@@ -90,10 +91,12 @@ struct SparseMlaFwdTraits {
   static constexpr bool kDirectCopy = kFormat == KvFormat::kBFloat16 || kFormat == KvFormat::kFloat16 || kRawFp8;
   static constexpr int kQParts = kQSplit ? 2 : 1;
   // P buffers per head group: none with P in registers; two in the WideWarps family (below), whose
-  // P V of a tile runs beside the next tile's softmax, which also needs a second array of alpha.
+  // P V of a tile runs beside the next tile's softmax, which also needs a second array of alpha,
+  // each of kPCopies copies (fp8_ds_mla: one per scale tile, whose norms take a fourth array).
   static constexpr bool kWideWarps = kWideWarps_;
-  static constexpr int kPBuffers = kRegisterP ? 0 : kWideWarps ? 2 : 1;
-  static constexpr int kStatsArrays = kWideWarps ? 3 : 2;  // alpha (per tile in flight), l; kBlockH floats each
+  static constexpr int kPCopies = kWideWarps && kDsMla ? kKvLoraRank / kDsMlaTile : 1;
+  static constexpr int kPBuffers = kRegisterP ? 0 : kWideWarps ? 2 * kPCopies : 1;
+  static constexpr int kStatsArrays = kWideWarps ? (kDsMla ? 4 : 3) : 2;  // alpha (per tile in flight), l; kBlockH floats each
 
   // ldmatrix reads 8 rows at one column, and a row pitch that is an odd multiple of 16 bytes
   // (mod 128) puts those rows in 8 different bank groups: rows are padded by 16 bytes, but for
@@ -164,16 +167,16 @@ struct SparseMlaFwdTraits {
   static constexpr bool kE4m3Pv = kE4m3Pv_;
   static_assert(!kE4m3Pv || (kRawFp8 && kRegisterP), "e4m3 P V: raw fp8_ds_mla tiles only");
   static constexpr float kE4m3PScale = 128.f;
-  static constexpr bool kHasE4m3PvVariant = !kE4m3Pv && !kPairedScores && kRawFp8 && kRegisterP;
+  static constexpr bool kHasE4m3PvVariant = !kE4m3Pv && !kPairedScores && kRawFp8 && kDsMla;
   using E4m3Pv =
-      SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, kCopyStages_, kFp8RawTiles_, false, true>;
+      SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, kCopyStages_, kFp8RawTiles_, false, true, false>;
 
   // WideWarps (wide_warps_kernel): the kernel body of sparse_mla_fwd_wide.cuh, in which every
   // warp serves all 32 heads, so that each K and V fragment read from shared memory feeds two
   // MMAs: S over a quarter of D for 16 of the tile's 32 keys, P V over 64 of the 512 output
   // columns. The main kernel's shared-memory layout but for a second P buffer and alpha array.
-  // fp8_ds_mla's P carries per-warp key scales (register P): not in this family.
-  static_assert(kWideWarps == wide_warps_kernel<QElement_, kFormat_, kHeadGroups_, kCopyStages_, kFp8RawTiles_>(),
+  static_assert(kWideWarps == (wide_warps_kernel<QElement_, kFormat_, kHeadGroups_, kCopyStages_, kFp8RawTiles_>() &&
+                               !kE4m3Pv_),
                 "the kernel family follows from the configuration");
   static_assert(!kWideWarps || (kDirectCopy && !kRegisterP && !kQSplit && kStages == 2));
 

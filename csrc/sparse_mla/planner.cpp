@@ -130,8 +130,7 @@ int plan_head_groups(int num_tokens, int num_heads, KvFormat format, int topk, i
                      int sixteen_head_blocks_per_sm, int thirty_two_head_blocks_per_sm, int sm_version) {
   if (num_heads <= 16) return 1;
   if (sixteen_head_blocks_per_sm >= 2 && is_fp8(format) &&
-      !(format == KvFormat::kFp8E4m3 && !software_fp8_convert(sm_version) &&
-        unsplit_blocks(num_tokens, num_heads, kMaxHeadGroups) > num_sms))
+      !(!software_fp8_convert(sm_version) && unsplit_blocks(num_tokens, num_heads, kMaxHeadGroups) > num_sms))
     return 1;
   const SplitPlan wide = plan_splits(num_tokens, num_heads, kMaxHeadGroups, format, topk, num_sms, workspace_bytes,
                                      thirty_two_head_blocks_per_sm);

@@ -1,5 +1,5 @@
 // The sparse-MLA forward kernel on the warp-level mma.sync path. 32-head blocks of 16-bit caches
-// whose q enters the MMAs in one part, and of raw fp8_e4m3 tiles, run the WideWarps body instead
+// whose q enters the MMAs in one part, and of raw fp8 tiles, run the WideWarps body instead
 // (sparse_mla_fwd_wide.cuh).
 //
 // Grid: x = token * head_blocks + head_block (blocks of one token are adjacent, so the KV rows
@@ -39,20 +39,6 @@ __device__ __forceinline__ void split2(uint32_t& hi, uint32_t& lo, float x0, flo
     const Element* he = reinterpret_cast<const Element*>(&hi);
     lo = pack2<Element>(x0 - static_cast<float>(he[0]), x1 - static_cast<float>(he[1]));
   }
-}
-
-// fp8_ds_mla in fp16: P copy w is divided by a power of two near the tile's largest scale of
-// column tile w, 2^floor(log2 smax), which keeps p * scale / norm in [0, 2) (1 for subnormal or
-// zero scales).
-__device__ __forceinline__ float ds_scale_norm(float smax) {
-  const float norm = __uint_as_float(__float_as_uint(smax) & 0x7f800000u);
-  return norm > 0.f ? norm : 1.f;
-}
-
-// 1 / x for x = 2^e, e in [-126, 126], exactly and without a division: the exponent negated.
-// fp8_ds_mla scales are amax / 448 <= 2^120, so their norms are in range.
-__device__ __forceinline__ float pow2_reciprocal(float x) {
-  return __uint_as_float((254u << 23) - (__float_as_uint(x) & 0x7f800000u));
 }
 
 // Barrier of the 4 warps of head group `grp` (named barrier 1 + grp; 0 is __syncthreads). The

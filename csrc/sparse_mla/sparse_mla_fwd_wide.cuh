@@ -1,4 +1,4 @@
-// The WideWarps kernel family: 16-bit caches with q in one MMA part, and raw fp8_e4m3 tiles;
+// The WideWarps kernel family: 16-bit caches with q in one MMA part, and raw fp8 tiles;
 // blocks of 32 heads (kernel_traits.h kWideWarps). Same grid, gather, shared-memory layout, softmax and epilogue
 // contract as the main kernel (sparse_mla_fwd_kernel.cuh); what differs is who computes what:
 //   S = Q K^T   warp (dq = warp % 4, kh = warp / 4): both head groups x keys 16 kh .. 16 kh + 15
@@ -8,8 +8,8 @@
 //               feeds 2 MMAs), one tile late: beside the next tile's softmax.
 // Per tile, each warp reads half the K and V fragment bytes of the main kernel's warps, for the
 // same MMAs; the price is that the phases of a tile synchronise the whole block (two barriers).
-// fp8_e4m3 tiles stay raw in shared memory, as in the main kernel, and each fragment decoded
-// there feeds two MMAs instead of one.
+// fp8 tiles stay raw in shared memory, as in the main kernel, and each fragment decoded there
+// feeds two MMAs instead of one; fp8_ds_mla's softmax writes one P copy per scale tile.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,12 +42,14 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   constexpr int kMTiles = kBlockH / 16;
   constexpr int kDvPerWarp = kHeadSizeV / Traits::kNumWarps;
   constexpr int kLineChunks = 8;  // cp.async: 8 threads per row, whole 128-byte lines per warp
-  constexpr bool kRaw = Traits::kRawFp8;  // fp8_e4m3 (kernel_traits.h wide_warps_kernel)
-  static_assert(!kRaw || Traits::kFormat == KvFormat::kFp8E4m3);
+  constexpr bool kRaw = Traits::kRawFp8;  // fp8 (kernel_traits.h wide_warps_kernel)
+  constexpr bool kDs = Traits::kDsMla;    // its records: latent, scales, bf16 rope
+  constexpr int kCopies = Traits::kPCopies;
+  static_assert(!kDs || (kRaw && kCopies == kQuarters && Traits::kStatsArrays == 4));
   static_assert(kBlockH == 32 && kBlockN == 32 && Traits::kNumWarps == 8 && Traits::kNumThreads / kLineChunks == kBlockN);
   static_assert(Traits::kHeadGroups * Traits::kSBuffersPerGroup * Traits::kSmemSPartElems == kQuarters * kBlockH * kSPitch &&
-                Traits::kHeadGroups * Traits::kPBuffers * Traits::kSmemPBufferElems == 2 * kBlockH * kPPitch,
-                "the partial-score and P buffers, read as [quarter][head][key] and [buffer][head][key]");
+                Traits::kHeadGroups * Traits::kPBuffers * Traits::kSmemPBufferElems == 2 * kCopies * kBlockH * kPPitch,
+                "the partial-score and P buffers, read as [quarter][head][key] and [buffer][copy][head][key]");
 
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* sKV = smem + Traits::kSmemKVOffset;                            // [stage][kBlockN][row bytes]
@@ -55,6 +57,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   Element* sP = reinterpret_cast<Element*>(smem + Traits::kSmemPOffset);  // [buffer][head][kPPitch]
   float* sAlpha = reinterpret_cast<float*>(smem + Traits::kSmemStatsOffset);  // [buffer][head]
   float* sL = sAlpha + 2 * kBlockH;
+  float* sNorm = sAlpha + 3 * kBlockH;  // fp8_ds_mla: [buffer][copy], the P copies' norms
   int* sValid = reinterpret_cast<int*>(smem + Traits::kSmemValidOffset);
 
   const int tid = threadIdx.x;
@@ -148,11 +151,14 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
         ldmatrix_x4(q_frag[s][m], sQ + (m * 16 + lane % 16) * kPitch + step_col(s) + (lane / 16) * 8);
       } else {
         // The raw tiles' B fragments hold columns (4j, 4j + 1) and (4j + 2, 4j + 3), j = lane % 4
-        // (the S loop below): q's A fragments take the same columns, as in the main kernel.
+        // (the S loop below): q's A fragments take the same columns, as in the main kernel, but
+        // for fp8_ds_mla's bf16 rope, whose fragments are the usual ones.
+        const bool permuted = !(kDs && s >= kLatentSteps);
 #pragma unroll
         for (int i = 0; i < 4; ++i)
           q_frag[s][m][i] = *reinterpret_cast<const uint32_t*>(
-              sQ + (m * 16 + lane / 4 + (i & 1) * 8) * kPitch + step_col(s) + (lane % 4) * 4 + (i >> 1) * 2);
+              sQ + (m * 16 + lane / 4 + (i & 1) * 8) * kPitch + step_col(s) +
+              (permuted ? (lane % 4) * 4 + (i >> 1) * 2 : (lane % 4) * 2 + (i >> 1) * 8));
       }
       if constexpr (!std::is_same_v<QElement, Element>) {  // bf16 q with an fp16 cache
 #pragma unroll
@@ -166,7 +172,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   __syncthreads();  // every warp has its q: stage 1 is free for tile 1
   // fp8_e4m3: S and O carry the per-tensor scale, applied in fp32.
   float tensor_scale = 1.f;
-  if constexpr (kRaw) {
+  if constexpr (Traits::kFormat == KvFormat::kFp8E4m3) {
     if (p.k_scale != nullptr) tensor_scale = __ldg(p.k_scale);
   }
   const float score_scale = p.sm_scale_log2 * tensor_scale;
@@ -217,6 +223,10 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   // starts on registers while the softmax's loads are in flight.
   uint32_t p_frag[kBlockN / 16][kMTiles][4];
   float alpha_r[kMTiles][2];
+  // fp8_ds_mla: this warp's P copy is that of its columns' scale tile, P' = p * key scale / norm
+  // (the main kernel's register P); acc_o holds O / ds_norm, the norm of the last tile it took.
+  const int copy = kDs ? warp * kDvPerWarp / kDsMlaTile : 0;
+  float ds_norm = 1.f;
   const Element* p_row = sP + (lane % 16) * kPPitch;  // + m * 16 rows: same swizzle
   auto load_p = [&](int buf) {
 #pragma unroll
@@ -224,11 +234,23 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       alpha_r[m][0] = sAlpha[buf * kBlockH + m * 16 + lane / 4];
       alpha_r[m][1] = sAlpha[buf * kBlockH + m * 16 + lane / 4 + 8];
     }
+    if constexpr (kDs) {
+      // O / norm = alpha (norm_prev / norm) O / norm_prev + P' V, exactly (powers of two).
+      const float norm = sNorm[buf * kCopies + copy];
+      const float ratio = ds_norm * pow2_reciprocal(norm);
+      ds_norm = norm;
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        alpha_r[m][0] *= ratio;
+        alpha_r[m][1] *= ratio;
+      }
+    }
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
 #pragma unroll
       for (int m = 0; m < kMTiles; ++m)
-        ldmatrix_x4(p_frag[kk][m], p_row + buf * (kBlockH * kPPitch) + m * 16 * kPPitch + p_chunk(lane % 16, 2 * kk + lane / 16) * 8);
+        ldmatrix_x4(p_frag[kk][m], p_row + (buf * kCopies + copy) * (kBlockH * kPPitch) + m * 16 * kPPitch +
+                                       p_chunk(lane % 16, 2 * kk + lane / 16) * 8);
     }
   };
   // O = alpha O + P V for both head groups x this warp's 64 columns, from p_frag, alpha_r, v_frag.
@@ -280,9 +302,10 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
 #pragma unroll
     for (int n2 = 0; n2 < kDvPerWarp / kVCols; ++n2) v_frag[kk][n2][0] = v_frag[kk][n2][1] = v_frag[kk][n2][2] = v_frag[kk][n2][3] = 0u;
   }
-  for (int i = tid; i < kBlockH * kPPitch / 2; i += Traits::kNumThreads)
-    reinterpret_cast<uint32_t*>(sP + kBlockH * kPPitch)[i] = 0u;
+  for (int i = tid; i < kCopies * kBlockH * kPPitch / 2; i += Traits::kNumThreads)
+    reinterpret_cast<uint32_t*>(sP + kCopies * kBlockH * kPPitch)[i] = 0u;
   if (tid < kBlockH) sAlpha[kBlockH + tid] = 1.f;
+  if (kDs && tid < kCopies) sNorm[kCopies + tid] = 1.f;
 
   // Per tile: barrier (tile landed; the stage of the tile before it, sS and the other P buffer
   // are free), the tile before's P and alpha into registers, S (the next tile's gather issued
@@ -303,6 +326,23 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     {
       float acc_s[kMTiles][2][4] = {};
       const Element* k_base = sK + (kh * 16 + (lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) & 1) * 8;
+      // fp8_ds_mla: the latent part times the key's scale of tile dq (fp32), before the bf16 rope
+      // step adds in at scale 1; this thread's keys are 16 kh + 8 nt + 2 (lane % 4) + e.
+      auto scale_by_keys = [&]() {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = kh * 16 + nt * 8 + (lane % 4) * 2 + e;
+            const float sc = *reinterpret_cast<const float*>(sK_bytes + key * Traits::kSmemRowBytes + kDsMlaScaleOffset + dq * 4);
+#pragma unroll
+            for (int m = 0; m < kMTiles; ++m) {
+              acc_s[m][nt][e] *= sc;
+              acc_s[m][nt][2 + e] *= sc;
+            }
+          }
+        }
+      };
 #pragma unroll
       for (int s = 0; s < kSteps; ++s) {
         // The next tile's gather is issued here, not at the loop top: ptxas cannot tell the stages
@@ -313,7 +353,19 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
           next_row = row_index(it + 2);
         }
         uint32_t b[4];  // keys 0-7 (b0, b1) and 8-15 (b2, b3) of the half
-        if constexpr (kRaw) {
+        if (kDs && s == kLatentSteps) {
+          // fp8_ds_mla's rope step: bf16 at record byte kDsMlaRopeOffset + 2 (column - 512);
+          // matrices (keys 0-7, 8-15) x (columns 0-7, 8-15), the usual B fragments, as fp16.
+          scale_by_keys();
+          uint32_t r[4];
+          ldmatrix_x4(r, sK_bytes + (kh * 16 + (lane % 8) + ((lane >> 3) & 1) * 8) * Traits::kSmemRowBytes +
+                             kDsMlaRopeOffset + (step_col(s) - kKvLoraRank) * 2 + (lane >> 4) * 16);
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            b[2 * nt] = bf16x2_to_half2(r[nt]);
+            b[2 * nt + 1] = bf16x2_to_half2(r[2 + nt]);
+          }
+        } else if constexpr (kRaw) {
           // The step's 16 bytes of the half's keys read as 8 b16: thread (n = lane / 4, j = lane
           // % 4) gets bytes 4j .. 4j + 3 of key 8 nt + n, q's permuted columns.
           uint32_t r[2];
@@ -332,6 +384,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
           for (int m = 0; m < kMTiles; ++m) mma_16816<Element>(acc_s[m][nt], q_frag[s][m], b[2 * nt], b[2 * nt + 1]);
         }
       }
+      if constexpr (kDs && kSteps == kLatentSteps) scale_by_keys();  // D = 512: no rope
       float* s_out = sS + dq * (kBlockH * kSPitch) + (lane / 4) * kSPitch + kh * 16 + (lane % 4) * 2;
 #pragma unroll
       for (int m = 0; m < kMTiles; ++m) {
@@ -395,8 +448,34 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       }
       l_run = l_run * alpha + psum;
       m_run = m_new;
-      *reinterpret_cast<uint2*>(sP + stage * (kBlockH * kPPitch) + sm_h * kPPitch + p_chunk(sm_h, sm_k / 8) * 8 + sm_k % 8) =
-          make_uint2(pack2<Element>(pr[0], pr[1]), pack2<Element>(pr[2], pr[3]));
+      if constexpr (kDs) {
+        Element* p_out = sP + stage * (kCopies * kBlockH * kPPitch) + sm_h * kPPitch + p_chunk(sm_h, sm_k / 8) * 8 + sm_k % 8;
+        // One P copy per scale tile c: p * (the key's scale c) / norm c, norm c a power of two
+        // near the tile's largest scale c (the main kernel's register P, ds_scale_norm).
+        float4 sc[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          sc[i] = *reinterpret_cast<const float4*>(sK_bytes + (sm_k + i) * Traits::kSmemRowBytes + kDsMlaScaleOffset);
+        float smax[kCopies] = {fmaxf(fmaxf(sc[0].x, sc[1].x), fmaxf(sc[2].x, sc[3].x)),
+                               fmaxf(fmaxf(sc[0].y, sc[1].y), fmaxf(sc[2].y, sc[3].y)),
+                               fmaxf(fmaxf(sc[0].z, sc[1].z), fmaxf(sc[2].z, sc[3].z)),
+                               fmaxf(fmaxf(sc[0].w, sc[1].w), fmaxf(sc[2].w, sc[3].w))};
+#pragma unroll
+        for (int c = 0; c < kCopies; ++c) {
+#pragma unroll
+          for (int o = 1; o < 8; o <<= 1) smax[c] = fmaxf(smax[c], __shfl_xor_sync(~0u, smax[c], o));
+          const float norm = ds_scale_norm(smax[c]);
+          const float inv = pow2_reciprocal(norm);
+          auto at = [&](int i) { return c == 0 ? sc[i].x : c == 1 ? sc[i].y : c == 2 ? sc[i].z : sc[i].w; };
+          *reinterpret_cast<uint2*>(p_out + c * (kBlockH * kPPitch)) =
+              make_uint2(pack2<Element>(pr[0] * (at(0) * inv), pr[1] * (at(1) * inv)),
+                         pack2<Element>(pr[2] * (at(2) * inv), pr[3] * (at(3) * inv)));
+          if (tid == 0) sNorm[stage * kCopies + c] = norm;
+        }
+      } else {
+        *reinterpret_cast<uint2*>(sP + stage * (kBlockH * kPPitch) + sm_h * kPPitch + p_chunk(sm_h, sm_k / 8) * 8 + sm_k % 8) =
+            make_uint2(pack2<Element>(pr[0], pr[1]), pack2<Element>(pr[2], pr[3]));
+      }
       if ((tid % 8) == 0) sAlpha[stage * kBlockH + sm_h] = alpha;
     }
 
@@ -413,7 +492,8 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // see the main kernel
 #endif
 
-  // Epilogue: as the main kernel's, for 16-bit caches and raw fp8_e4m3 tiles.
+  // Epilogue: as the main kernel's, for 16-bit caches and raw fp8 tiles (fp8_ds_mla: O times the
+  // warp's last norm).
 #pragma unroll
   for (int o = 1; o < 8; o <<= 1) l_run += __shfl_xor_sync(~0u, l_run, o);
   if ((tid % 8) == 0) {
@@ -436,7 +516,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       const int h = h0 + r;
       if (h >= p.num_heads) continue;
       const float l = sL[r];
-      const float inv = l > 0.f ? tensor_scale / l : 0.f;
+      const float inv = l > 0.f ? (kDs ? ds_norm : tensor_scale) / l : 0.f;
       // Runs of kRun columns, one vector store each (the main kernel's epilogue): raw tiles'
       // acc_o[m][2 n + odd][2 half + e] is column 16 n + 4 (lane % 4) + 2 e + odd of the warp's
       // 64; otherwise acc_o[m][n][2 half + k] is column 8 n + 2 (lane % 4) + k.

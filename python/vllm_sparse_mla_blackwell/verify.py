@@ -49,10 +49,10 @@ def case_groups(quick: bool, kv_dtypes: tuple[str, ...]) -> dict[str, list[Case]
         for d in HEAD_SIZES for qd in ("bf16", "fp16") for kv in kv_dtypes
     ] + [  # fp8 at 64 heads in the planned blocks and in 32-head ones, and both kernels of each
         # fp8 format (kernel_traits.h): grids of one wave and GPUs before sm_89 decode each tile
-        # once, other launches keep tiles raw, in fp8_e4m3's 32-head blocks in the WideWarps kernel
-        # (planner.h plan_head_groups, plan_fwd_splits, decoded_fp8_plan; which case runs which
-        # depends on the GPU: on the H200 the planned fp8 64-head launches run 16-head blocks but
-        # fp8_e4m3's at T = 256, 32-head ones; T = 7 decodes once)
+        # once, other launches keep tiles raw, in 32-head blocks in the WideWarps kernel (planner.h
+        # plan_head_groups, plan_fwd_splits, decoded_fp8_plan; which case runs which depends on
+        # the GPU: on the H200 the planned fp8 64-head launches run 16-head blocks at T = 64 and
+        # 32-head ones at T = 256; T = 7 decodes once)
         Case(head_size=d, num_heads=h, topk=2048, num_tokens=t, kv_cache_dtype=kv, block_heads=bh)
         for d in HEAD_SIZES for kv in kv_dtypes if kv in KV_FP8
         for h, t, bh in ((64, 64, None), (64, 256, None), (64, 64, 32), (64, 256, 32), (16, 7, None))

@@ -516,19 +516,21 @@ TEST(SplitPlan, DecodedFp8KernelForGridsOfOneWave) {
 
 TEST(HeadGroups, Fp8SixteenHeadBlocksWhereAnSmHoldsTwo) {
   const int64_t ws = workspace_size(132);
-  for (int H : {17, 32, 64, 128})
-    for (int T : {1, 4, 64, 1024, 4096}) {
-      EXPECT_EQ(plan_head_groups(T, H, KvFormat::kFp8DsMla, 2048, 132, ws, 2, 1), 1) << H << " " << T;
-      // fp8_e4m3: 32-head blocks (its WideWarps kernel) where their unsplit grid has more blocks
-      // than SMs, but not before sm_89 (sm_version 86), whose e4m3 conversion is software.
-      const int wide = T * ((H + 31) / 32) > 132 ? 2 : 1;
-      EXPECT_EQ(plan_head_groups(T, H, KvFormat::kFp8E4m3, 2048, 132, ws, 2, 1), wide) << H << " " << T;
-      EXPECT_EQ(plan_head_groups(T, H, KvFormat::kFp8E4m3, 2048, 132, ws, 2, 1, 120), wide) << H << " " << T;
-      EXPECT_EQ(plan_head_groups(T, H, KvFormat::kFp8E4m3, 2048, 132, ws, 2, 1, 86), 1) << H << " " << T;
-    }
+  for (KvFormat f : {KvFormat::kFp8E4m3, KvFormat::kFp8DsMla})
+    for (int H : {17, 32, 64, 128})
+      for (int T : {1, 4, 64, 1024, 4096}) {
+        // 32-head blocks (the WideWarps kernel) where their unsplit grid has more blocks than
+        // SMs, but not before sm_89 (sm_version 86), whose e4m3 conversion is software.
+        const int wide = T * ((H + 31) / 32) > 132 ? 2 : 1;
+        EXPECT_EQ(plan_head_groups(T, H, f, 2048, 132, ws, 2, 1), wide) << H << " " << T;
+        EXPECT_EQ(plan_head_groups(T, H, f, 2048, 132, ws, 2, 1, 120), wide) << H << " " << T;
+        EXPECT_EQ(plan_head_groups(T, H, f, 2048, 132, ws, 2, 1, 86), 1) << H << " " << T;
+      }
   // The edge: 64 heads, 66 tokens are 132 blocks of 32 heads (one wave), 67 tokens 134.
-  EXPECT_EQ(plan_head_groups(66, 64, KvFormat::kFp8E4m3, 2048, 132, ws, 2, 1), 1);
-  EXPECT_EQ(plan_head_groups(67, 64, KvFormat::kFp8E4m3, 2048, 132, ws, 2, 1), 2);
+  for (KvFormat f : {KvFormat::kFp8E4m3, KvFormat::kFp8DsMla}) {
+    EXPECT_EQ(plan_head_groups(66, 64, f, 2048, 132, ws, 2, 1), 1);
+    EXPECT_EQ(plan_head_groups(67, 64, f, 2048, 132, ws, 2, 1), 2);
+  }
   // Up to 16 heads one group, whatever the occupancies.
   for (int H : {1, 8, 16}) EXPECT_EQ(plan_head_groups(1024, H, KvFormat::kBFloat16, 2048, 132, ws, 1, 1), 1) << H;
   // 16-bit caches: 16-head blocks at decode only (T = 1: 34 splits of 2 tiles; T = 64: 2 of 34).
@@ -575,8 +577,8 @@ TEST(HeadGroups, LaunchPlanCarriesTheHeadGroups) {
       fp8.kv_cache = tensor(ScalarType::kUInt8, {256, 64, e4m3 ? 576 : kDsMlaRecordBytes}, 1);
       fp8.kv_cache_dtype = e4m3 ? "fp8_e4m3" : "fp8_ds_mla";
       const SparseMlaFwdParams p = plan_sparse_mla_fwd(fp8, true, 132, &h200_like_blocks_per_sm).params;
-      // fp8_e4m3's 32-head blocks where they are more than one wave: T = 1024 (2,048 blocks).
-      const int groups = e4m3 && T == 1024 ? kTwoGroups : kOneGroup;
+      // 32-head blocks where they are more than one wave: T = 1024 (2,048 blocks).
+      const int groups = T == 1024 ? kTwoGroups : kOneGroup;
       const SplitPlan want = plan_splits(static_cast<int>(T), 64, groups, format, 2048, 132, ws, groups == 1 ? 2 : 1);
       EXPECT_EQ(p.head_groups, groups) << T << " " << fp8.kv_cache_dtype;
       EXPECT_EQ(p.num_splits, want.num_splits) << T << " " << fp8.kv_cache_dtype;

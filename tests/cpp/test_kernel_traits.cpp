@@ -98,10 +98,18 @@ TEST(KernelTraits, Fp8DsMlaTilesStayRawAsStored) {
   static_assert(!SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, 576, 1>::kHasPairedScoresVariant);
   static_assert(!SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, 576, 1>::OneStage::kHasPairedScoresVariant);
   static_assert(SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 2>::kRawFp8);
-  // Unlike fp8_e4m3's, its 32-head blocks at D = 512 keep tiles raw too (bench/HISTORY.md v15).
   using DsMlaGlm32 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 512, 2>;
   static_assert(DsMlaGlm32::kRawFp8 && !DsMlaGlm32::kScaleBuffer && DsMlaGlm32::kHasDecodedFp8Variant);
   static_assert(DsMlaGlm32::DecodedFp8::kScaleBuffer);
+  // Its 32-head blocks: the WideWarps kernel, whose softmax writes one P copy per scale tile (two
+  // buffers of four) with their norms in a fourth statistics array; their e4m3 P V variant is the
+  // main kernel's, with P in registers.
+  using DsMla32 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 2>;
+  static_assert(DsMla32::kWideWarps && DsMlaGlm32::kWideWarps && !DsMla32::kRegisterP);
+  static_assert(DsMla32::kPCopies == 4 && DsMla32::kPBuffers == 8 && DsMla32::kStatsArrays == 4);
+  static_assert(DsMla32::kHasE4m3PvVariant && !DsMla32::E4m3Pv::kWideWarps && DsMla32::E4m3Pv::kRegisterP);
+  EXPECT_EQ(DsMla32::kSmemBytes, 79616);
+  EXPECT_EQ(DsMlaGlm32::kSmemBytes, 71424);
 }
 
 TEST(KernelTraits, Fp8CachesHaveADecodeOnceVariantThatFitsTwicePerSm120Sm) {
@@ -129,7 +137,7 @@ TEST(KernelTraits, Fp8DsMlaKeepsPInRegistersAndDecodesIntoTwoStagesIn32HeadBlock
   using DsMla512 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 512, 2>::DecodedFp8;
   EXPECT_EQ(DsMla512::kStages, 2);
   EXPECT_EQ(DsMla512::kSmemBytes, 88576);
-  EXPECT_EQ((SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 512, 2>::kSmemBytes), 54784);  // raw tiles
+  EXPECT_EQ((SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 512, 2>::E4m3Pv::kSmemBytes), 54784);  // raw tiles
   using DsMla576x16 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 1>::DecodedFp8;
   EXPECT_EQ(DsMla576x16::kStages, 1);
   EXPECT_EQ(DsMla576x16::kSmemBytes, 48384);
@@ -190,12 +198,12 @@ TEST(KernelTraits, AccumulatorOrderScoreAccessesAreConflictFree) {
 namespace {
 
 // The WideWarps kernel family (v29): the kernel of 32-head blocks of 16-bit caches whose q enters
-// the MMAs in one part (not fp16 q with a bf16 cache), and of fp8_e4m3 caches (v42), of no other
+// the MMAs in one part (not fp16 q with a bf16 cache), and of fp8 caches (v42, v43), of no other
 // configuration or variant.
 template <typename Traits>
 void expect_wide_warps_rule(const char* variant, bool is_main) {
   const bool one_q_part = !(Traits::kFormat == KvFormat::kBFloat16 && std::is_same_v<typename Traits::QElement, __half>);
-  const bool format = Traits::kFormat == KvFormat::kFp8E4m3 || (!is_fp8(Traits::kFormat) && one_q_part);
+  const bool format = is_fp8(Traits::kFormat) || one_q_part;
   const bool there = is_main && Traits::kHeadGroups == 2 && format;
   const auto config = [&] {
     return std::string(variant) + ": format " + std::to_string(static_cast<int>(Traits::kFormat)) + ", D " +
@@ -225,8 +233,8 @@ void expect_rules_of_every_shape() {
 
 }  // namespace
 
-TEST(KernelTraits, WideWarpsOnlyForThirtyTwoHeadBlocksOfSixteenBitCachesWithQInOnePartAndOfFp8E4m3) {
-  // The rule's measurements are in kernel_traits.h beside it (bench/HISTORY.md v29, v42).
+TEST(KernelTraits, WideWarpsOnlyForThirtyTwoHeadBlocksOfSixteenBitCachesWithQInOnePartAndOfFp8Caches) {
+  // The rule's measurements are in kernel_traits.h beside it (bench/HISTORY.md v29, v42, v43).
   for (auto check : {expect_rules_of_every_shape<__nv_bfloat16, KvFormat::kBFloat16>,
                      expect_rules_of_every_shape<__half, KvFormat::kBFloat16>,
                      expect_rules_of_every_shape<__nv_bfloat16, KvFormat::kFloat16>,
