@@ -113,14 +113,14 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   // without bank conflicts.
   const int32_t first = row_index(0), second = row_index(1);
   // [head][kPitch], q as given (QElement), converted after the load where the cache's type
-  // differs. Raw fp8 stages are half as large: q also takes the partial-score and P buffers
-  // after stage 1, which the loop uses first.
+  // differs. Raw fp8 stages are half as large: q also takes the partial-score buffers after
+  // stage 1, which the loop uses first.
   Element* sQ = reinterpret_cast<Element*>(sKV + Traits::kSmemKVStageBytes);
   static_assert(sizeof(QElement) == sizeof(Element), "q's rows at the pitch of a 16-bit tile");
   static_assert(Traits::kSmemKVOffset + 2 * Traits::kSmemKVStageBytes == Traits::kSmemSOffset &&
-                    kBlockH * kPitch * sizeof(Element) <= Traits::kSmemStatsOffset - Traits::kSmemKVStageBytes &&
+                    kBlockH * kPitch * sizeof(Element) <= Traits::kSmemPOffset - Traits::kSmemKVStageBytes &&
                     (kRaw || kBlockH * kPitch * sizeof(Element) <= Traits::kSmemKVStageBytes),
-                "q of the block fits from stage 1 on, before the stats and flags");
+                "q of the block fits in stage 1 and the partial-score buffers");
   {
     constexpr int kChunkElems = 16 / sizeof(QElement);  // one cp.async
     constexpr int kQChunks = Traits::kHeadDim / kChunkElems;

@@ -51,7 +51,7 @@ TEST(KernelTraits, Fp8E4m3TilesStayRawWithAConflictFreePitch) {
   EXPECT_EQ(E4m3::kSmemKVStageBytes, 32 * 592);
   EXPECT_EQ((SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 512, 1>::kSmemRowBytes), 528);
   // Its 32-head blocks: the WideWarps kernel of raw tiles, whose q takes stage 1 and the
-  // partial-score and P buffers after it (sparse_mla_fwd_wide.cuh), at both head sizes.
+  // partial-score buffers after it (sparse_mla_fwd_wide.cuh), at both head sizes.
   using E4m3Glm32 = SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 512, 2>;
   using E4m3Ds32 = SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kFp8E4m3, 576, 2>;
   static_assert(E4m3Glm32::kRawFp8 && E4m3Glm32::kWideWarps && E4m3Glm32::kHasDecodedFp8Variant);
