@@ -25,7 +25,7 @@ template <typename QElement, KvFormat kFormat, int kHeadGroups, int kCopyStages,
 constexpr bool wide_warps_kernel() {
   if (kHeadGroups != 2 || kCopyStages != 2) return false;
   if (is_fp8(kFormat)) return kFp8RawTiles;
-  return !is_fp8(kFormat) && !(kFormat == KvFormat::kBFloat16 && !std::is_same_v<QElement, __nv_bfloat16>);
+  return !(kFormat == KvFormat::kBFloat16 && !std::is_same_v<QElement, __nv_bfloat16>);
 }
 
 // QElement: q / out type. kFormat: cache row format. kHeadDim: D (512 or 576). kHeadGroups:

@@ -38,6 +38,12 @@ __device__ __forceinline__ void e4m3x4_hi_lo(float x0, float x1, float x2, float
   lo = l01 | (l23 << 16);
 }
 
+// Raw fp8 V through ldmatrix .trans as b16: r holds bytes (2n, 2n + 1) of keys 2j and 2j + 1;
+// bytes (odd, 2 + odd) are column 2n + odd of those two keys, a B fragment register, as fp16x2.
+__device__ __forceinline__ uint32_t e4m3_trans_column_to_half2(uint32_t r, int odd) {
+  return e4m3x2_to_half2(__byte_perm(r, 0u, odd ? 0x31u : 0x20u));
+}
+
 // Two bf16 values -> fp16x2 (fp8_ds_mla's rope), exact within fp16's range.
 __device__ __forceinline__ uint32_t bf16x2_to_half2(uint32_t pair) {
   const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pair));

@@ -129,9 +129,8 @@ SplitPlan plan_fwd_splits(int num_tokens, int num_heads, int head_groups, KvForm
 int plan_head_groups(int num_tokens, int num_heads, KvFormat format, int topk, int num_sms, int64_t workspace_bytes,
                      int sixteen_head_blocks_per_sm, int thirty_two_head_blocks_per_sm, int sm_version) {
   if (num_heads <= 16) return 1;
-  if (sixteen_head_blocks_per_sm >= 2 && is_fp8(format) &&
-      !(!software_fp8_convert(sm_version) && unsplit_blocks(num_tokens, num_heads, kMaxHeadGroups) > num_sms))
-    return 1;
+  const bool wide_fp8 = !software_fp8_convert(sm_version) && unsplit_blocks(num_tokens, num_heads, kMaxHeadGroups) > num_sms;
+  if (sixteen_head_blocks_per_sm >= 2 && is_fp8(format) && !wide_fp8) return 1;
   const SplitPlan wide = plan_splits(num_tokens, num_heads, kMaxHeadGroups, format, topk, num_sms, workspace_bytes,
                                      thirty_two_head_blocks_per_sm);
   return wide.num_splits > 1 && wide.tiles_per_split < kCoResidentMinTiles ? 1 : kMaxHeadGroups;

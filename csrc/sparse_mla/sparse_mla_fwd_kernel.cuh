@@ -540,9 +540,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
               for (int c = 0; c < 2; ++c) {
 #pragma unroll
                 for (int odd = 0; odd < 2; ++odd) {
-                  const uint32_t select = odd ? 0x31u : 0x20u;  // bytes (odd, 2 + odd)
-                  const uint32_t b0 = e4m3x2_to_half2(__byte_perm(r[2 * c], 0u, select));
-                  const uint32_t b1 = e4m3x2_to_half2(__byte_perm(r[2 * c + 1], 0u, select));
+                  const uint32_t b0 = e4m3_trans_column_to_half2(r[2 * c], odd);
+                  const uint32_t b1 = e4m3_trans_column_to_half2(r[2 * c + 1], odd);
                   mma_16816<Element>(acc_o[2 * (2 * n4 + c) + odd], a, b0, b1);
                 }
               }

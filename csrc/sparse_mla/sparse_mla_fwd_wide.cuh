@@ -278,9 +278,8 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
           for (int c = 0; c < 2; ++c) {
 #pragma unroll
             for (int odd = 0; odd < 2; ++odd) {
-              const uint32_t select = odd ? 0x31u : 0x20u;  // bytes (odd, 2 + odd)
-              const uint32_t b0 = e4m3x2_to_half2(__byte_perm(v_frag[kk][n2][2 * c], 0u, select));
-              const uint32_t b1 = e4m3x2_to_half2(__byte_perm(v_frag[kk][n2][2 * c + 1], 0u, select));
+              const uint32_t b0 = e4m3_trans_column_to_half2(v_frag[kk][n2][2 * c], odd);
+              const uint32_t b1 = e4m3_trans_column_to_half2(v_frag[kk][n2][2 * c + 1], odd);
 #pragma unroll
               for (int m = 0; m < kMTiles; ++m) mma_16816<Element>(acc_o[m][2 * (2 * n2 + c) + odd], p_frag[kk][m], b0, b1);
             }
