@@ -26,9 +26,9 @@ __device__ __forceinline__ void cp_async_row(uint8_t* dst, const uint8_t* src, b
   for (int k = 0; k < kRowBytes / (16 * kTpr); ++k) cp_async_16(dst + k * 16 * kTpr, src + k * 16 * kTpr, valid);
 }
 
-// fp8_ds_mla in fp16: P copy w is divided by a power of two near the tile's largest scale of
-// column tile w, 2^floor(log2 smax), which keeps p * scale / norm in [0, 2) (1 for subnormal or
-// zero scales).
+// fp8_ds_mla in fp16: the P of column tile w (p x key scale) is divided by a power of two near
+// the tile's largest scale of column tile w, 2^floor(log2 smax), which keeps p * scale / norm in
+// [0, 2) (1 for subnormal or zero scales).
 __device__ __forceinline__ float ds_scale_norm(float smax) {
   const float norm = __uint_as_float(__float_as_uint(smax) & 0x7f800000u);
   return norm > 0.f ? norm : 1.f;

@@ -52,7 +52,7 @@ struct SparseMlaFwdTraits {
   // fp8_ds_mla folds its per-row scales into P, so each warp's P differs (its column tile's
   // scales): the softmax writes p in fp32 and every warp builds its own P fragments in registers,
   // divided by a power of two near its tile's largest scale to keep fp16 out of the subnormals.
-  // (The WideWarps family instead has the softmax write one such P copy per scale tile.)
+  // (The WideWarps family instead has each warp scale its P fragments, read from the one P.)
   static constexpr bool kDsMla = kFormat == KvFormat::kFp8DsMla;
   static constexpr bool kRegisterP = kDsMla && !kWideWarps_;
 
@@ -91,12 +91,10 @@ struct SparseMlaFwdTraits {
   static constexpr bool kDirectCopy = kFormat == KvFormat::kBFloat16 || kFormat == KvFormat::kFloat16 || kRawFp8;
   static constexpr int kQParts = kQSplit ? 2 : 1;
   // P buffers per head group: none with P in registers; two in the WideWarps family (below), whose
-  // P V of a tile runs beside the next tile's softmax, which also needs a second array of alpha,
-  // each of kPCopies copies (fp8_ds_mla: one per scale tile, whose norms take a fourth array).
+  // P V of a tile runs beside the next tile's softmax, which also needs a second array of alpha.
   static constexpr bool kWideWarps = kWideWarps_;
-  static constexpr int kPCopies = kWideWarps && kDsMla ? kKvLoraRank / kDsMlaTile : 1;
-  static constexpr int kPBuffers = kRegisterP ? 0 : kWideWarps ? 2 * kPCopies : 1;
-  static constexpr int kStatsArrays = kWideWarps ? (kDsMla ? 4 : 3) : 2;  // alpha (per tile in flight), l; kBlockH floats each
+  static constexpr int kPBuffers = kRegisterP ? 0 : kWideWarps ? 2 : 1;
+  static constexpr int kStatsArrays = kWideWarps ? 3 : 2;  // alpha (per tile in flight), l; kBlockH floats each
 
   // ldmatrix reads 8 rows at one column, and a row pitch that is an odd multiple of 16 bytes
   // (mod 128) puts those rows in 8 different bank groups: rows are padded by 16 bytes, but for

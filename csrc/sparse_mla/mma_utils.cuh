@@ -101,6 +101,13 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
+// Elementwise product of two packed fp16 pairs, rounded to nearest.
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
 // Two floats -> packed pair of Element (round to nearest).
 template <typename Element>
 __device__ __forceinline__ uint32_t pack2(float x, float y) {

@@ -9,7 +9,8 @@
 // Per tile, each warp reads half the K and V fragment bytes of the main kernel's warps, for the
 // same MMAs; the price is that the phases of a tile synchronise the whole block (two barriers).
 // fp8 tiles stay raw in shared memory, as in the main kernel, and each fragment decoded there
-// feeds two MMAs instead of one; fp8_ds_mla's softmax writes one P copy per scale tile.
+// feeds two MMAs instead of one; fp8_ds_mla's P V warps scale their P fragments by their scale
+// tile's key scales.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -44,12 +45,11 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   constexpr int kLineChunks = 8;  // cp.async: 8 threads per row, whole 128-byte lines per warp
   constexpr bool kRaw = Traits::kRawFp8;  // fp8 (kernel_traits.h wide_warps_kernel)
   constexpr bool kDs = Traits::kDsMla;    // its records: latent, scales, bf16 rope
-  constexpr int kCopies = Traits::kPCopies;
-  static_assert(!kDs || (kRaw && kCopies == kQuarters && Traits::kStatsArrays == 4));
+  static_assert(!kDs || (kRaw && std::is_same_v<Element, __half>), "fp8_ds_mla: raw tiles, fp16 P (hmul2)");
   static_assert(kBlockH == 32 && kBlockN == 32 && Traits::kNumWarps == 8 && Traits::kNumThreads / kLineChunks == kBlockN);
   static_assert(Traits::kHeadGroups * Traits::kSBuffersPerGroup * Traits::kSmemSPartElems == kQuarters * kBlockH * kSPitch &&
-                Traits::kHeadGroups * Traits::kPBuffers * Traits::kSmemPBufferElems == 2 * kCopies * kBlockH * kPPitch,
-                "the partial-score and P buffers, read as [quarter][head][key] and [buffer][copy][head][key]");
+                Traits::kHeadGroups * Traits::kPBuffers * Traits::kSmemPBufferElems == 2 * kBlockH * kPPitch,
+                "the partial-score and P buffers, read as [quarter][head][key] and [buffer][head][key]");
 
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* sKV = smem + Traits::kSmemKVOffset;                            // [stage][kBlockN][row bytes]
@@ -57,7 +57,6 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   Element* sP = reinterpret_cast<Element*>(smem + Traits::kSmemPOffset);  // [buffer][head][kPPitch]
   float* sAlpha = reinterpret_cast<float*>(smem + Traits::kSmemStatsOffset);  // [buffer][head]
   float* sL = sAlpha + 2 * kBlockH;
-  float* sNorm = sAlpha + 3 * kBlockH;  // fp8_ds_mla: [buffer][copy], the P copies' norms
   int* sValid = reinterpret_cast<int*>(smem + Traits::kSmemValidOffset);
 
   const int tid = threadIdx.x;
@@ -207,8 +206,13 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   const int v_key = (lane % 8) + ((lane >> 3) & 1) * 8;
   const int v_off = kRaw ? v_key * Traits::kSmemRowBytes + warp * kDvPerWarp + (lane >> 4) * 16
                          : v_key * kPitch + warp * kDvPerWarp + (lane >> 4) * 8;
+  // fp8_ds_mla: the P V warps' scale tile (their 64 columns are half of one), and the pending
+  // tile's scale of key `lane` in it, read with V since the next gather may take the stage.
+  const int ds_tile = warp * kDvPerWarp / kDsMlaTile;
+  float pv_key_scale = 0.f;
   auto load_v = [&](const uint8_t* sV_bytes) {
     const Element* sV = reinterpret_cast<const Element*>(sV_bytes);
+    if constexpr (kDs) pv_key_scale = *reinterpret_cast<const float*>(sV_bytes + lane * Traits::kSmemRowBytes + kDsMlaScaleOffset + ds_tile * 4);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
 #pragma unroll
@@ -223,9 +227,9 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   // starts on registers while the softmax's loads are in flight.
   uint32_t p_frag[kBlockN / 16][kMTiles][4];
   float alpha_r[kMTiles][2];
-  // fp8_ds_mla: this warp's P copy is that of its columns' scale tile, P' = p * key scale / norm
-  // (the main kernel's register P); acc_o holds O / ds_norm, the norm of the last tile it took.
-  const int copy = kDs ? warp * kDvPerWarp / kDsMlaTile : 0;
+  // fp8_ds_mla: P' = p * key scale / norm for this warp's scale tile (the main kernel's register
+  // P), norm a power of two near the tile's largest such scale; acc_o holds O / ds_norm, the norm
+  // of the last tile it took.
   float ds_norm = 1.f;
   const Element* p_row = sP + (lane % 16) * kPPitch;  // + m * 16 rows: same swizzle
   auto load_p = [&](int buf) {
@@ -234,9 +238,18 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       alpha_r[m][0] = sAlpha[buf * kBlockH + m * 16 + lane / 4];
       alpha_r[m][1] = sAlpha[buf * kBlockH + m * 16 + lane / 4 + 8];
     }
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m)
+        ldmatrix_x4(p_frag[kk][m], p_row + buf * (kBlockH * kPPitch) + m * 16 * kPPitch +
+                                       p_chunk(lane % 16, 2 * kk + lane / 16) * 8);
+    }
     if constexpr (kDs) {
+      // The largest scale: non-negative floats order as their bits (one REDUX, not 5 shuffles).
+      const float smax = __int_as_float(__reduce_max_sync(~0u, __float_as_int(pv_key_scale)));
+      const float norm = ds_scale_norm(smax);
       // O / norm = alpha (norm_prev / norm) O / norm_prev + P' V, exactly (powers of two).
-      const float norm = sNorm[buf * kCopies + copy];
       const float ratio = ds_norm * pow2_reciprocal(norm);
       ds_norm = norm;
 #pragma unroll
@@ -244,13 +257,22 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
         alpha_r[m][0] *= ratio;
         alpha_r[m][1] *= ratio;
       }
-    }
+      // Fragment register i of p_frag[kk][m] holds keys 16 kk + 8 (i / 2) + 2 (lane % 4) + {0, 1}:
+      // their scales / norm as an fp16 pair, from the even lane of the pair.
+      const float s = pv_key_scale * pow2_reciprocal(norm);
+      const uint32_t pair = pack2<Element>(s, __shfl_down_sync(~0u, s, 1));
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
 #pragma unroll
-      for (int m = 0; m < kMTiles; ++m)
-        ldmatrix_x4(p_frag[kk][m], p_row + (buf * kCopies + copy) * (kBlockH * kPPitch) + m * 16 * kPPitch +
-                                       p_chunk(lane % 16, 2 * kk + lane / 16) * 8);
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t sc = __shfl_sync(~0u, pair, kk * 16 + h * 8 + (lane % 4) * 2);
+#pragma unroll
+          for (int m = 0; m < kMTiles; ++m) {
+            p_frag[kk][m][2 * h] = hmul2(p_frag[kk][m][2 * h], sc);
+            p_frag[kk][m][2 * h + 1] = hmul2(p_frag[kk][m][2 * h + 1], sc);
+          }
+        }
+      }
     }
   };
   // O = alpha O + P V for both head groups x this warp's 64 columns, from p_frag, alpha_r, v_frag.
@@ -301,10 +323,8 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
 #pragma unroll
     for (int n2 = 0; n2 < kDvPerWarp / kVCols; ++n2) v_frag[kk][n2][0] = v_frag[kk][n2][1] = v_frag[kk][n2][2] = v_frag[kk][n2][3] = 0u;
   }
-  for (int i = tid; i < kCopies * kBlockH * kPPitch / 2; i += Traits::kNumThreads)
-    reinterpret_cast<uint32_t*>(sP + kCopies * kBlockH * kPPitch)[i] = 0u;
+  for (int i = tid; i < kBlockH * kPPitch / 2; i += Traits::kNumThreads) reinterpret_cast<uint32_t*>(sP + kBlockH * kPPitch)[i] = 0u;
   if (tid < kBlockH) sAlpha[kBlockH + tid] = 1.f;
-  if (kDs && tid < kCopies) sNorm[kCopies + tid] = 1.f;
 
   // Per tile: barrier (tile landed; the stage of the tile before it, sS and the other P buffer
   // are free), the tile before's P and alpha into registers, S (the next tile's gather issued
@@ -400,7 +420,8 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     // 2. The tile before's P V, whose MMAs interleave with 3.
     pv();
 
-    // 3. Online softmax over the tile (base 2, fp32); P rounded once to the MMA type.
+    // 3. Online softmax over the tile (base 2, fp32); P rounded once to the MMA type (fp8_ds_mla:
+    //    and again after its scale in load_p).
     {
       const float* s_in = sS + sm_h * kSPitch + sm_k;
       // The shorter chain (sums from quarter 0, a tree maximum, the SFU's 2^x) gained 2-3 % at
@@ -447,34 +468,8 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       }
       l_run = l_run * alpha + psum;
       m_run = m_new;
-      if constexpr (kDs) {
-        Element* p_out = sP + stage * (kCopies * kBlockH * kPPitch) + sm_h * kPPitch + p_chunk(sm_h, sm_k / 8) * 8 + sm_k % 8;
-        // One P copy per scale tile c: p * (the key's scale c) / norm c, norm c a power of two
-        // near the tile's largest scale c (the main kernel's register P, ds_scale_norm).
-        float4 sc[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          sc[i] = *reinterpret_cast<const float4*>(sK_bytes + (sm_k + i) * Traits::kSmemRowBytes + kDsMlaScaleOffset);
-        float smax[kCopies] = {fmaxf(fmaxf(sc[0].x, sc[1].x), fmaxf(sc[2].x, sc[3].x)),
-                               fmaxf(fmaxf(sc[0].y, sc[1].y), fmaxf(sc[2].y, sc[3].y)),
-                               fmaxf(fmaxf(sc[0].z, sc[1].z), fmaxf(sc[2].z, sc[3].z)),
-                               fmaxf(fmaxf(sc[0].w, sc[1].w), fmaxf(sc[2].w, sc[3].w))};
-#pragma unroll
-        for (int c = 0; c < kCopies; ++c) {
-#pragma unroll
-          for (int o = 1; o < 8; o <<= 1) smax[c] = fmaxf(smax[c], __shfl_xor_sync(~0u, smax[c], o));
-          const float norm = ds_scale_norm(smax[c]);
-          const float inv = pow2_reciprocal(norm);
-          auto at = [&](int i) { return c == 0 ? sc[i].x : c == 1 ? sc[i].y : c == 2 ? sc[i].z : sc[i].w; };
-          *reinterpret_cast<uint2*>(p_out + c * (kBlockH * kPPitch)) =
-              make_uint2(pack2<Element>(pr[0] * (at(0) * inv), pr[1] * (at(1) * inv)),
-                         pack2<Element>(pr[2] * (at(2) * inv), pr[3] * (at(3) * inv)));
-          if (tid == 0) sNorm[stage * kCopies + c] = norm;
-        }
-      } else {
-        *reinterpret_cast<uint2*>(sP + stage * (kBlockH * kPPitch) + sm_h * kPPitch + p_chunk(sm_h, sm_k / 8) * 8 + sm_k % 8) =
-            make_uint2(pack2<Element>(pr[0], pr[1]), pack2<Element>(pr[2], pr[3]));
-      }
+      *reinterpret_cast<uint2*>(sP + stage * (kBlockH * kPPitch) + sm_h * kPPitch + p_chunk(sm_h, sm_k / 8) * 8 + sm_k % 8) =
+          make_uint2(pack2<Element>(pr[0], pr[1]), pack2<Element>(pr[2], pr[3]));
       if ((tid % 8) == 0) sAlpha[stage * kBlockH + sm_h] = alpha;
     }
 

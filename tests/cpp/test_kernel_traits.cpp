@@ -101,15 +101,15 @@ TEST(KernelTraits, Fp8DsMlaTilesStayRawAsStored) {
   using DsMlaGlm32 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 512, 2>;
   static_assert(DsMlaGlm32::kRawFp8 && !DsMlaGlm32::kScaleBuffer && DsMlaGlm32::kHasDecodedFp8Variant);
   static_assert(DsMlaGlm32::DecodedFp8::kScaleBuffer);
-  // Its 32-head blocks: the WideWarps kernel, whose softmax writes one P copy per scale tile (two
-  // buffers of four) with their norms in a fourth statistics array; their e4m3 P V variant is the
-  // main kernel's, with P in registers.
+  // Its 32-head blocks: the WideWarps kernel, whose warps scale the one P (two buffers, as for
+  // the other caches) by their scale tile's key scales; their e4m3 P V variant is the main
+  // kernel's, with P in registers.
   using DsMla32 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 2>;
   static_assert(DsMla32::kWideWarps && DsMlaGlm32::kWideWarps && !DsMla32::kRegisterP);
-  static_assert(DsMla32::kPCopies == 4 && DsMla32::kPBuffers == 8 && DsMla32::kStatsArrays == 4);
+  static_assert(DsMla32::kPBuffers == 2 && DsMla32::kStatsArrays == 3);
   static_assert(DsMla32::kHasE4m3PvVariant && !DsMla32::E4m3Pv::kWideWarps && DsMla32::E4m3Pv::kRegisterP);
-  EXPECT_EQ(DsMla32::kSmemBytes, 79616);
-  EXPECT_EQ(DsMlaGlm32::kSmemBytes, 71424);
+  EXPECT_EQ(DsMla32::kSmemBytes, 67200);
+  EXPECT_EQ(DsMlaGlm32::kSmemBytes, 59008);
 }
 
 TEST(KernelTraits, Fp8CachesHaveADecodeOnceVariantThatFitsTwicePerSm120Sm) {
