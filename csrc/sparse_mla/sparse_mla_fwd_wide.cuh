@@ -46,7 +46,8 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   constexpr bool kRaw = Traits::kRawFp8;  // fp8 (kernel_traits.h wide_warps_kernel)
   constexpr bool kDs = Traits::kDsMla;    // its records: latent, scales, bf16 rope
   static_assert(!kDs || (kRaw && std::is_same_v<Element, __half>), "fp8_ds_mla: raw tiles, fp16 P (hmul2)");
-  static_assert(kBlockH == 32 && kBlockN == 32 && Traits::kNumWarps == 8 && Traits::kNumThreads / kLineChunks == kBlockN);
+  static_assert(kBlockH == 32 && kBlockN == 32 && Traits::kNumWarps == 8 && Traits::kNumThreads / kLineChunks == kBlockN &&
+                Traits::kStatsArrays == 3);
   static_assert(Traits::kHeadGroups * Traits::kSBuffersPerGroup * Traits::kSmemSPartElems == kQuarters * kBlockH * kSPitch &&
                 Traits::kHeadGroups * Traits::kPBuffers * Traits::kSmemPBufferElems == 2 * kBlockH * kPPitch,
                 "the partial-score and P buffers, read as [quarter][head][key] and [buffer][head][key]");
