@@ -53,10 +53,11 @@ def case_groups(quick: bool, kv_dtypes: tuple[str, ...]) -> dict[str, list[Case]
         # plan_head_groups, plan_fwd_splits, decoded_fp8_plan; which case runs which depends on
         # the GPU: on the H200 the planned fp8 64-head launches run 16-head blocks at T = 64 and
         # 32-head ones at T = 256; T = 7 decodes once)
-        Case(head_size=d, num_heads=h, topk=2048, num_tokens=t, kv_cache_dtype=kv, block_heads=bh)
+        Case(head_size=d, num_heads=h, topk=2048, num_tokens=t, kv_cache_dtype=kv, block_heads=bh, q_dtype=qd)
         for d in HEAD_SIZES for kv in kv_dtypes if kv in KV_FP8
-        for h, t, bh in ((64, 64, None), (64, 256, None), (64, 64, 32), (64, 256, 32), (16, 7, None))
-    ]
+        for h, t, bh, qd in ((64, 64, None, "bf16"), (64, 256, None, "bf16"), (64, 64, 32, "bf16"),
+                             (64, 256, 32, "bf16"), (16, 7, None, "bf16"), (64, 256, 32, "fp16"))
+    ]  # the last: fp16 out, whose tighter bar sees the WideWarps fp8 kernels' P roundings
     g["32-head blocks"] = [  # the 16-bit caches' 32-head kernels, forced: the planner picks them
         # unless the 32-head plan splits into short blocks (decode; planner.h plan_head_groups)
         Case(head_size=d, num_heads=h, q_dtype=qd, kv_cache_dtype=qd, topk=2048, num_tokens=t, block_heads=32)
