@@ -45,7 +45,7 @@ struct SparseMlaFwdTraits {
   // as bf16, fp16 caches as fp16, e4m3 values (exact in fp16) as fp16, their scales applied in
   // fp32; q too (bf16 -> fp16 in fp16's range, fp16 -> bf16 as hi + lo parts). S, the softmax and
   // O are fp32; P is rounded once to the MMA type, as vLLM's own sparse kernels do (fp8_ds_mla's
-  // in the WideWarps family: p, then p x key scale / norm, both in fp16).
+  // in the WideWarps family twice, both in fp16: p, then p x key scale / norm).
   static constexpr bool kMmaBf16 = kFormat == KvFormat::kBFloat16;
   using Element = std::conditional_t<kMmaBf16, __nv_bfloat16, __half>;  // MMA operand type
   static constexpr bool kQConvert = !std::is_same_v<QElement, Element>;
