@@ -26,6 +26,13 @@ __device__ __forceinline__ void cp_async_row(uint8_t* dst, const uint8_t* src, b
   for (int k = 0; k < kRowBytes / (16 * kTpr); ++k) cp_async_16(dst + k * 16 * kTpr, src + k * 16 * kTpr, valid);
 }
 
+// Column, within a k-step, of this lane's m16n8k16 A fragment register i: pairs (c, c + 8) with
+// c = 2 (lane % 4); with raw fp8 tiles, whose B fragments hold columns (4j, 4j + 1) and (4j + 2,
+// 4j + 3), j = lane % 4, pairs (c, c + 2) with c = 4 (lane % 4).
+__device__ __forceinline__ int a_frag_col(int lane, int i, bool permuted) {
+  return permuted ? (lane % 4) * 4 + (i >> 1) * 2 : (lane % 4) * 2 + (i >> 1) * 8;
+}
+
 // fp8_ds_mla in fp16: the P of column tile w (p x key scale) is divided by a power of two near
 // the tile's largest scale of column tile w, 2^floor(log2 smax), which keeps p * scale / norm in
 // [0, 2) (1 for subnormal or zero scales).

@@ -194,9 +194,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   }
 
   // Q as m16n8k16 A fragments of this warp's 16 heads and k-steps, in registers for the whole
-  // kernel: (a0, a1, a2, a3) = rows (r, r + 8) x column pairs (c, c + 8), r = lane / 4,
-  // c = 2 (lane % 4); with raw fp8 tiles the k-step's columns are permuted to match their B
-  // fragments: pairs (c, c + 2) with c = 4 (lane % 4). Heads past num_heads are zeros.
+  // kernel: (a0, a1, a2, a3) = rows (r, r + 8), r = lane / 4, x the column pairs of a_frag_col
+  // (permuted for raw fp8 tiles). Heads past num_heads are zeros.
   uint32_t q_frag[kSteps][kQParts][4];
   {
     const QElement* qn[2];
@@ -216,7 +215,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int rr = i & 1;
-        const int c = step_col(s) + (raw_fp8_step(s) ? (lane % 4) * 4 + (i >> 1) * 2 : (lane % 4) * 2 + (i >> 1) * 8);
+        const int c = step_col(s) + a_frag_col(lane, i, raw_fp8_step(s));
         const QElement* src = c < p.q_nope_dim ? qn[rr] + c : qp[rr] + (c - p.q_nope_dim);
         const uint32_t raw = ok[rr] ? __ldg(reinterpret_cast<const uint32_t*>(src)) : 0u;
         // bf16 -> fp16, fp16 -> bf16 hi + lo, and the same type through fp32 too (exact): an

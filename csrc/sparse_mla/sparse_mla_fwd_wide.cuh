@@ -150,15 +150,13 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       if constexpr (!kRaw) {
         ldmatrix_x4(q_frag[s][m], sQ + (m * 16 + lane % 16) * kPitch + step_col(s) + (lane / 16) * 8);
       } else {
-        // The raw tiles' B fragments hold columns (4j, 4j + 1) and (4j + 2, 4j + 3), j = lane % 4
-        // (the S loop below): q's A fragments take the same columns, as in the main kernel, but
-        // for fp8_ds_mla's bf16 rope, whose fragments are the usual ones.
+        // q's A fragments take the raw tiles' column order (the S loop below), as in the main
+        // kernel, but for fp8_ds_mla's bf16 rope, whose fragments are the usual ones.
         const bool permuted = !(kDs && s >= kLatentSteps);
 #pragma unroll
         for (int i = 0; i < 4; ++i)
           q_frag[s][m][i] = *reinterpret_cast<const uint32_t*>(
-              sQ + (m * 16 + lane / 4 + (i & 1) * 8) * kPitch + step_col(s) +
-              (permuted ? (lane % 4) * 4 + (i >> 1) * 2 : (lane % 4) * 2 + (i >> 1) * 8));
+              sQ + (m * 16 + lane / 4 + (i & 1) * 8) * kPitch + step_col(s) + a_frag_col(lane, i, permuted));
       }
       if constexpr (!std::is_same_v<QElement, Element>) {  // bf16 q with an fp16 cache
 #pragma unroll
@@ -251,7 +249,8 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       const float smax = __int_as_float(__reduce_max_sync(~0u, __float_as_int(pv_key_scale)));
       const float norm = ds_scale_norm(smax);
       // O / norm = alpha (norm_prev / norm) O / norm_prev + P' V, exactly (powers of two).
-      const float ratio = ds_norm * pow2_reciprocal(norm);
+      const float inv_norm = pow2_reciprocal(norm);
+      const float ratio = ds_norm * inv_norm;
       ds_norm = norm;
 #pragma unroll
       for (int m = 0; m < kMTiles; ++m) {
@@ -260,7 +259,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       }
       // Fragment register i of p_frag[kk][m] holds keys 16 kk + 8 (i / 2) + 2 (lane % 4) + {0, 1}:
       // their scales / norm as an fp16 pair, from the even lane of the pair.
-      const float s = pv_key_scale * pow2_reciprocal(norm);
+      const float s = pv_key_scale * inv_norm;
       const uint32_t pair = pack2<Element>(s, __shfl_down_sync(~0u, s, 1));
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
