@@ -24,6 +24,18 @@ __device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t pair) {
   return *reinterpret_cast<const uint32_t*>(&h2);
 }
 
+// The two e4m3 values in the high 16 bits of `r` -> fp16x2. On sm_89+ the conversion reads the
+// high half itself (F2FP's .H1 operand); through `r >> 16` sm_90's ptxas adds a shift.
+__device__ __forceinline__ uint32_t e4m3x2_hi_to_half2(uint32_t r) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t d;
+  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(d) : "r"(r));
+  return d;
+#else
+  return e4m3x2_to_half2(r >> 16);
+#endif
+}
+
 // Four fp32 values (>= 0, below 448) as e4m3 bytes in order x0..x3: hi = e4m3(x), rounded, and
 // lo = e4m3(x - hi), at the same scale (E4m3Pv in kernel_traits.h).
 __device__ __forceinline__ void e4m3x4_hi_lo(float x0, float x1, float x2, float x3, uint32_t& hi, uint32_t& lo) {
@@ -57,7 +69,7 @@ __device__ __forceinline__ void e4m3x16_decode(uint4 raw, uint4& lo, uint4& hi) 
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     o[2 * i] = e4m3x2_to_half2(in[i]);
-    o[2 * i + 1] = e4m3x2_to_half2(in[i] >> 16);
+    o[2 * i + 1] = e4m3x2_hi_to_half2(in[i]);
   }
   lo = make_uint4(o[0], o[1], o[2], o[3]);
   hi = make_uint4(o[4], o[5], o[6], o[7]);

@@ -312,7 +312,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
             for (int part = 0; part < kQParts; ++part)
-              mma_16816<Element>(acc_s[nt], q_frag[s][part], e4m3x2_to_half2(r[nt]), e4m3x2_to_half2(r[nt] >> 16));
+              mma_16816<Element>(acc_s[nt], q_frag[s][part], e4m3x2_to_half2(r[nt]), e4m3x2_hi_to_half2(r[nt]));
           }
           continue;
         }

@@ -392,7 +392,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt) {
             b[2 * nt] = e4m3x2_to_half2(r[nt]);
-            b[2 * nt + 1] = e4m3x2_to_half2(r[nt] >> 16);
+            b[2 * nt + 1] = e4m3x2_hi_to_half2(r[nt]);
           }
         } else {
           ldmatrix_x4(b, k_base + step_col(s));
