@@ -35,7 +35,8 @@ __device__ __forceinline__ int a_frag_col(int lane, int i, bool permuted) {
 
 // fp8_ds_mla in fp16: the P of column tile w (p x key scale) is divided by a power of two near
 // the tile's largest scale of column tile w, 2^floor(log2 smax), which keeps p * scale / norm in
-// [0, 2) (1 for subnormal or zero scales).
+// [0, 2) (1 for subnormal or zero scales); under the WideWarps lazy rescale, p <= 2^8 and the
+// norm may lag the largest scale by 2^3.
 __device__ __forceinline__ float ds_scale_norm(float smax) {
   const float norm = __uint_as_float(__float_as_uint(smax) & 0x7f800000u);
   return norm > 0.f ? norm : 1.f;

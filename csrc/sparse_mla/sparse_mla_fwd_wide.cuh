@@ -46,6 +46,15 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   constexpr bool kRaw = Traits::kRawFp8;  // fp8 (kernel_traits.h wide_warps_kernel)
   constexpr bool kDs = Traits::kDsMla;    // its records: latent, scales, bf16 rope
   static_assert(!kDs || (kRaw && std::is_same_v<Element, __half>), "fp8_ds_mla: raw tiles, fp16 P (hmul2)");
+  // fp16 P: the FlashAttention-4 lazy rescale. A row's reference maximum moves only when a tile's
+  // maximum passes it by more than kLazyLog2 (p <= 2^8), and O is rescaled only in the tiles where
+  // some row's did (a warp vote), with fp8_ds_mla's norm kept within 2^3 of the tile's largest
+  // scale. Under a lazy maximum the largest p, otherwise exactly 1, is rounded like the rest: bf16
+  // P would spend up to 1.3e-3 of its 4e-3 bar (tools/lazy_rescale_rounding.py), and fp8_ds_mla
+  // with fp16 out, whose P' is rounded twice already, ~3.4e-4 more of fp16's 1e-3 (emulated: 8.2e-4
+  // at D = 576); those keep the exact maximum.
+  constexpr bool kLazy = std::is_same_v<Element, __half> && !(kDs && std::is_same_v<QElement, __half>);
+  constexpr float kLazyLog2 = 8.f;
   static_assert(kBlockH == 32 && kBlockN == 32 && Traits::kNumWarps == 8 && Traits::kNumThreads / kLineChunks == kBlockN &&
                 Traits::kStatsArrays == 3);
   static_assert(Traits::kHeadGroups * Traits::kSBuffersPerGroup * Traits::kSmemSPartElems == kQuarters * kBlockH * kSPitch &&
@@ -227,8 +236,8 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   uint32_t p_frag[kBlockN / 16][kMTiles][4];
   float alpha_r[kMTiles][2];
   // fp8_ds_mla: P' = p * key scale / norm for this warp's scale tile (the main kernel's register
-  // P), norm a power of two near the tile's largest such scale; acc_o holds O / ds_norm, the norm
-  // of the last tile it took.
+  // P), norm a power of two near the tile's largest such scale (lazy: within 2^3 of it); acc_o
+  // holds O / ds_norm, the norm of the last tile it took.
   float ds_norm = 1.f;
   const Element* p_row = sP + (lane % 16) * kPPitch;  // + m * 16 rows: same swizzle
   auto load_p = [&](int buf) {
@@ -247,7 +256,9 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     if constexpr (kDs) {
       // The largest scale: non-negative floats order as their bits (one REDUX, not 5 shuffles).
       const float smax = __int_as_float(__reduce_max_sync(~0u, __float_as_int(pv_key_scale)));
-      const float norm = ds_scale_norm(smax);
+      // Lazy: the norm stays while the tile's largest scale is within 2^3 of it (P' <= 2^8 x 2^3).
+      const float norm =
+          kLazy && smax >= ds_norm * 0.125f && smax < ds_norm * 8.f ? ds_norm : ds_scale_norm(smax);
       // O / norm = alpha (norm_prev / norm) O / norm_prev + P' V, exactly (powers of two).
       const float inv_norm = pow2_reciprocal(norm);
       const float ratio = ds_norm * inv_norm;
@@ -277,15 +288,26 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   };
   // O = alpha O + P V for both head groups x this warp's 64 columns, from p_frag, alpha_r, v_frag.
   auto pv = [&]() {
+    auto rescale = [&]() {
 #pragma unroll
-    for (int m = 0; m < kMTiles; ++m) {
+      for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
-      for (int n = 0; n < kDvPerWarp / 8; ++n) {
-        acc_o[m][n][0] *= alpha_r[m][0];
-        acc_o[m][n][1] *= alpha_r[m][0];
-        acc_o[m][n][2] *= alpha_r[m][1];
-        acc_o[m][n][3] *= alpha_r[m][1];
+        for (int n = 0; n < kDvPerWarp / 8; ++n) {
+          acc_o[m][n][0] *= alpha_r[m][0];
+          acc_o[m][n][1] *= alpha_r[m][0];
+          acc_o[m][n][2] *= alpha_r[m][1];
+          acc_o[m][n][3] *= alpha_r[m][1];
+        }
       }
+    };
+    if constexpr (kLazy) {
+      // A warp-uniform branch: the 64 multiplies are most of the loop's non-MMA instructions.
+      bool keep = true;
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) keep = keep && alpha_r[m][0] == 1.f && alpha_r[m][1] == 1.f;
+      if (!__all_sync(~0u, keep)) rescale();
+    } else {
+      rescale();
     }
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -454,11 +476,12 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       auto exp2_chain = [](float v) { return kShortChain ? exp2_ftz(v) : exp2f(v); };
 #pragma unroll
       for (int o = 1; o < 8; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, o));
-      const float m_new = fmaxf(m_run, tile_max);
+      const float m_new = !kLazy ? fmaxf(m_run, tile_max) : tile_max > m_run + kLazyLog2 ? tile_max : m_run;
       // Nothing valid so far (m_new = -inf): p = 0, state unchanged. Selects, not a branch, so that
       // ptxas may interleave this chain with the P V MMAs beside it.
       const bool any = m_new != -INFINITY;
-      const float alpha = any ? exp2_chain(m_run - m_new) : 1.f;
+      // alpha is exactly 1 where the maximum stays, whatever the SFU gives for 2^0: pv's vote.
+      const float alpha = any && m_new != m_run ? exp2_chain(m_run - m_new) : 1.f;
       float psum = 0.f;
       float pr[4];
 #pragma unroll
