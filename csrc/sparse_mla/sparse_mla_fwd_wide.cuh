@@ -301,7 +301,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       }
     };
     if constexpr (kLazy) {
-      // A warp-uniform branch: the 64 multiplies are most of the loop's non-MMA instructions.
+      // A warp-uniform branch: the 64 multiplies are the loop's largest block without an MMA.
       bool keep = true;
 #pragma unroll
       for (int m = 0; m < kMTiles; ++m) keep = keep && alpha_r[m][0] == 1.f && alpha_r[m][1] == 1.f;
