@@ -480,8 +480,10 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       // Nothing valid so far (m_new = -inf): p = 0, state unchanged. Selects, not a branch, so that
       // ptxas may interleave this chain with the P V MMAs beside it.
       const bool any = m_new != -INFINITY;
-      // alpha is exactly 1 where the maximum stays, whatever the SFU gives for 2^0: pv's vote.
-      const float alpha = any && m_new != m_run ? exp2_chain(m_run - m_new) : 1.f;
+      // fp16 P: alpha is exactly 1 where the maximum stays, whatever the SFU gives for 2^0, for the
+      // lazy kernels' vote in pv. bf16 P never votes: 2^0 as the SFU gives it, 4 instructions fewer.
+      constexpr bool kUnitAlpha = std::is_same_v<Element, __half>;
+      const float alpha = any && (!kUnitAlpha || m_new != m_run) ? exp2_chain(m_run - m_new) : 1.f;
       float psum = 0.f;
       float pr[4];
 #pragma unroll
