@@ -52,16 +52,39 @@ def test_strided_q_and_out(layout, kv, block_heads):
                                 block_heads=block_heads), torch.device("cuda")))
 
 
+# q and cache dtypes of the 32-head kernel's P types: bf16 P (bf16 cache), fp16 P with the lazy
+# rescale (fp16 cache, fp8_e4m3, fp8_ds_mla with bf16 q) and fp16 P without it (fp8_ds_mla with
+# fp16 q: sparse_mla_fwd_wide.cuh kLazy).
+P_TYPES = [("bf16", "bf16"), ("fp16", "fp16"), ("bf16", "fp8_e4m3"), ("fp16", "fp8_e4m3"),
+           ("bf16", "fp8_ds_mla"), ("fp16", "fp8_ds_mla")]
+
+
 @pytest.mark.parametrize("block_heads", [None, 16, 32])
-@pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3", "fp8_ds_mla"])
+@pytest.mark.parametrize("q_dtype, kv", P_TYPES)
 @pytest.mark.parametrize("num_tokens", [1, 64])
 @pytest.mark.parametrize("head_size", [512, 576])
-def test_tiles_of_different_magnitudes(kv, num_tokens, head_size, block_heads):
+def test_tiles_of_different_magnitudes(q_dtype, kv, num_tokens, head_size, block_heads):
     """Most cache rows 2^-12 smaller than the rest, so consecutive KV tiles differ by up to 12
     octaves: fp8_ds_mla's power-of-two P norm changes from tile to tile (the accumulator is
-    rescaled by norm_prev / norm), and small fp8_e4m3 values become subnormal or zero."""
+    rescaled by norm_prev / norm; the lazy kernels keep it while the tile's largest scale is
+    within 2^3), and small fp8_e4m3 values become subnormal or zero."""
     _check(verify.run_case(Case(head_size=head_size, num_heads=32, topk=2048, num_tokens=num_tokens,
-                                kv_cache_dtype=kv, row_spread=12, block_heads=block_heads), torch.device("cuda")))
+                                q_dtype=q_dtype, kv_cache_dtype=kv, row_spread=12, block_heads=block_heads),
+                           torch.device("cuda")))
+
+
+@pytest.mark.parametrize("row_ramp", [1.0, 3.0])
+@pytest.mark.parametrize("q_dtype, kv", P_TYPES)
+@pytest.mark.parametrize("head_size", [512, 576])
+def test_running_maximum_that_rises_tile_by_tile(q_dtype, kv, head_size, row_ramp):
+    """Scores that grow along each token's KV tiles (Case.row_ramp), in 32-head blocks: the lazy
+    rescale's paths with O already large. Each row's maximum moves 1.4-1.5 (ramp 1) or 3.3-3.5
+    (ramp 3) times after the first tile, at tiles that differ between the block's heads (the warp
+    vote that skips O's rescale must not skip a head whose maximum moved), and half the rows or
+    more see P past 2^7 of its 2^8 bound (float64 scores of these inputs; test_ops_cpu.py checks
+    the figures on the bf16 ones)."""
+    _check(verify.run_case(Case(head_size=head_size, num_heads=32, topk=2048, num_tokens=64, q_dtype=q_dtype,
+                                kv_cache_dtype=kv, row_ramp=row_ramp, block_heads=32), torch.device("cuda")))
 
 
 @pytest.mark.parametrize("q_dtype, kv", [("fp16", "bf16"), ("bf16", "fp16")])

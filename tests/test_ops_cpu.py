@@ -107,6 +107,59 @@ def test_row_spread_rescales_cache_rows_only():
     assert "spread2^-12" in spread.label()
 
 
+def test_row_ramp_sorts_each_tokens_slots_by_a_growing_row_scale():
+    base = cases.Case(head_size=576, num_heads=4, topk=64, num_tokens=3, block_size=16)
+    ramp = dataclasses.replace(base, row_ramp=3.0)
+    a, b = cases.make_inputs(base, "cpu"), cases.make_inputs(ramp, "cpu")
+    assert torch.equal(a.q, b.q)
+    assert torch.equal(a.indices.sort(dim=1).values, b.indices.sort(dim=1).values)  # the same slots, reordered
+    referenced = a.kv_rows[:, 0].isfinite()
+    ratio = b.kv_rows[referenced] / a.kv_rows[referenced]
+    row_scale = ratio.median(dim=1, keepdim=True).values
+    assert torch.allclose(ratio, row_scale.expand_as(ratio), rtol=1e-2)  # each value rounded to bf16
+    per_row = torch.zeros(a.kv_rows.shape[0], dtype=torch.float64)
+    per_row[referenced] = row_scale[:, 0].double()
+    along = per_row[b.indices.long()]  # [T, topk]: each token's row scales in slot order
+    assert torch.all(along[:, 1:] >= along[:, :-1] * (1 - 1e-2))
+    assert 0.99 <= along.min() < 1.5 and 3.5 < along.max() < 4.01  # 1 + 3 u, u in [0, 1)
+    assert "ramp3" in ramp.label()
+    assert cases.case_seed(ramp) == cases.case_seed(base)
+
+
+def _lazy_maximum_events(case: cases.Case) -> dict[str, float]:
+    """The lazy rescale's events on a case's inputs, from float64 scores (log2 units): each row's
+    reference maximum starts at its first 32-key tile's and moves only where a tile's passes it by
+    more than 8 (sparse_mla_fwd_wide.cuh kBlockN, kLazyLog2)."""
+    inp = cases.make_inputs(case, "cpu")
+    rows = inp.kv_rows.double()[inp.indices[:, : case.topk].long()]
+    scores = torch.einsum("thd,tkd->thk", inp.q.double(), rows) * (case.sm_scale / math.log(2))
+    tile_max = scores.unflatten(-1, (-1, 32)).amax(-1)  # [T, H, tiles]
+    m = tile_max[..., 0]
+    moves = torch.zeros_like(tile_max, dtype=torch.bool)
+    p_log2 = torch.zeros_like(m)
+    for t in range(1, tile_max.shape[-1]):
+        moves[..., t] = tile_max[..., t] > m + 8
+        m = torch.where(moves[..., t], tile_max[..., t], m)
+        p_log2 = torch.maximum(p_log2, tile_max[..., t] - m)
+    per_block = moves[..., 1:].unflatten(1, (-1, 32))  # [T, blocks, 32 heads, tiles]
+    return {"moves_per_row": moves.sum(-1).double().mean().item(),
+            "mixed_tiles": (per_block.any(2) & ~per_block.all(2)).double().mean().item(),
+            "p_past_2^7": (p_log2 > 7).double().mean().item(), "p_max_log2": p_log2.max().item()}
+
+
+@pytest.mark.parametrize("row_ramp, moves, mixed, past_7", [(0.0, (0.2, 0.4), 0.05, 0.15),
+                                                              (1.0, (1.3, 1.6), 0.4, 0.4),
+                                                              (3.0, (3.2, 3.7), 0.7, 0.55)])
+def test_row_ramp_moves_the_running_maximum_at_different_tiles(row_ramp, moves, mixed, past_7):
+    """test_kernel_gpu.py's rising-maximum inputs reach the lazy rescale's paths: row_ramp 1 and 3
+    move each row's maximum 5-12x as often as plain inputs, in about half / most of the tiles a
+    32-head block's heads disagree on it (the warp vote), with P near its 2^8 bound in most rows."""
+    ev = _lazy_maximum_events(cases.Case(head_size=576, num_heads=32, topk=2048, num_tokens=64, row_ramp=row_ramp,
+                                         block_heads=32))
+    assert moves[0] < ev["moves_per_row"] < moves[1], ev
+    assert ev["mixed_tiles"] > mixed and ev["p_past_2^7"] > past_7 and ev["p_max_log2"] <= 8, ev
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "strided"])
 def test_value_scale_scales_cache_up_and_q_down_exactly(layout):
     base = cases.Case(head_size=576, num_heads=4, topk=64, num_tokens=3, block_size=16, layout=layout)

@@ -41,6 +41,11 @@ class Case:
     # those of value_scale_log2=0 and out is scaled by it: bf16 cache values past fp16's range or
     # in its subnormals, which the bf16 cache's MMAs must take as stored. Not part of the seed.
     value_scale_log2: int = 0
+    # > 0: cache row r scaled by 1 + row_ramp * u_r (u_r uniform in [0, 1)) and each token's topk
+    # slots sorted by u_r, so that the scores' running maximum rises from KV tile to KV tile: rows
+    # whose maximum moves at different tiles, rows whose P grows far past 1 (the lazy rescale).
+    # Not part of the seed: the same draws as row_ramp=0, rescaled and reordered.
+    row_ramp: float = 0.0
     # Heads per kernel block forced on the op (_testing.sparse_mla_fwd block_heads); None: planned.
     # Not part of the seed: the inputs of the planned launch.
     block_heads: int | None = None
@@ -50,6 +55,7 @@ class Case:
                 f"{self.q_dtype}/{self.kv_cache_dtype} {self.masking} bs{self.block_size} "
                 f"{self.layout} s{self.sm_scale:.4g}" + (f" spread2^-{self.row_spread}" if self.row_spread else "")
                 + (f" values2^{self.value_scale_log2}" if self.value_scale_log2 else "")
+                + (f" ramp{self.row_ramp:g}" if self.row_ramp else "")
                 + (f" {self.block_heads}-head blocks" if self.block_heads else ""))
 
 
@@ -68,11 +74,11 @@ class CaseInputs:
 
 def case_seed(case: Case) -> int:
     """The generator seed of a case's inputs: a CRC-32 of its repr without ``row_spread``,
-    ``value_scale_log2`` and ``block_heads`` (the dataclass repr of every other field, as before
-    those existed), so the same case draws the same inputs in every process (Python's str hash is
-    salted per process); ``Case.seed`` gives a fresh draw."""
+    ``value_scale_log2``, ``row_ramp`` and ``block_heads`` (the dataclass repr of every other
+    field, as before those existed), so the same case draws the same inputs in every process
+    (Python's str hash is salted per process); ``Case.seed`` gives a fresh draw."""
     fields = ", ".join(f"{f.name}={getattr(case, f.name)!r}" for f in dataclasses.fields(case)
-                       if f.name not in ("row_spread", "value_scale_log2", "block_heads"))
+                       if f.name not in ("row_spread", "value_scale_log2", "row_ramp", "block_heads"))
     return zlib.crc32(f"{type(case).__qualname__}({fields})".encode()) & 0x7FFFFFFF
 
 
@@ -99,6 +105,12 @@ def make_inputs(case: Case, device: torch.device | str) -> CaseInputs:
     physical = (block_table[logical // bs] * bs + logical % bs).to(torch.int32)
     indices = torch.full((T, width), -1, dtype=torch.int32)
     indices[:, :topk] = physical
+    ramp = None
+    if case.row_ramp:
+        ramp_gen = torch.Generator(device="cpu").manual_seed(case_seed(case) + 2)  # the draws above unchanged
+        ramp = torch.rand(num_rows, generator=ramp_gen)
+        order = torch.argsort(ramp[physical.long()], dim=1)
+        indices[:, :topk] = torch.gather(physical, 1, order)
     topk_len = None
     if case.masking == "random":
         indices[:, :topk][torch.rand(T, topk, generator=gen) < 0.3] = -1
@@ -131,7 +143,9 @@ def make_inputs(case: Case, device: torch.device | str) -> CaseInputs:
         spread_gen = torch.Generator(device="cpu").manual_seed(case_seed(case) + 1)  # the draws above unchanged
         small = torch.rand(num_rows, generator=spread_gen) >= 0.05
         factor[small] *= 2.0**-case.row_spread
-    kv_c = kv_c * factor  # powers of two: exact
+    if ramp is not None:
+        factor *= 1.0 + case.row_ramp * ramp[:, None]
+    kv_c = kv_c * factor  # powers of two (but row_ramp's): exact
     k_pe = None if k_pe is None else k_pe * factor
     valid = reference.valid_index_mask(indices, num_rows, topk, topk_len)
     referenced = torch.zeros(num_rows, dtype=torch.bool)
