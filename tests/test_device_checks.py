@@ -18,6 +18,7 @@ def test_without_out_prints_its_usage(tmp_path):
     r = run(tmp_path=tmp_path)
     assert r.returncode == 2
     assert "tools/device_checks.sh OUT [STEP ...]" in r.stderr
+    assert "Exits 0 when every step passed" in r.stderr
 
 
 def test_an_unknown_step_is_named_and_nothing_runs(tmp_path):
@@ -38,3 +39,32 @@ def test_a_failed_step_is_summarised_and_fails_the_run(tmp_path, same_package_en
     summary = (tmp_path / "out" / "summary.txt").read_text().splitlines()
     assert len(summary) == 1 and summary[0].startswith("verify: rc 3 in "), summary
     assert summary[0] in r.stdout
+
+
+def _fake_tool(bin_dir: pathlib.Path, name: str, script: str) -> None:
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / name).write_text(f"#!/bin/sh\n{script}\n")
+    (bin_dir / name).chmod(0o755)
+
+
+def test_a_failed_build_skips_the_steps_after_it(tmp_path):
+    _fake_tool(tmp_path / "bin", "python3", 'echo "pip: build failed" >&2; exit 1')
+    r = run(str(tmp_path / "out"), "build", "verify", tmp_path=tmp_path,
+            PATH=os.pathsep.join([str(tmp_path / "bin"), os.environ.get("PATH", "")]))
+    assert r.returncode == 1
+    summary = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    assert summary[0].startswith("build: rc 1 in ") and summary[0].endswith("pip: build failed"), summary
+    assert summary[1:] == ["verify: skipped: the build failed"]
+
+
+def test_a_sanitizer_step_needs_its_clean_summary(tmp_path):
+    # A sanitizer that exits 0 but reports errors fails the step; its clean summary passes it.
+    path = os.pathsep.join([str(tmp_path / "bin"), os.environ.get("PATH", "")])
+    _fake_tool(tmp_path / "bin", "compute-sanitizer", 'echo "========= ERROR SUMMARY: 2 errors"; exit 0')
+    r = run(str(tmp_path / "dirty"), "memcheck", tmp_path=tmp_path, PATH=path)
+    assert r.returncode == 1
+    assert (tmp_path / "dirty" / "summary.txt").read_text().startswith("memcheck: rc 1 in ")
+    _fake_tool(tmp_path / "bin", "compute-sanitizer", 'echo "========= ERROR SUMMARY: 0 errors"; exit 0')
+    r = run(str(tmp_path / "clean"), "memcheck", tmp_path=tmp_path, PATH=path)
+    assert r.returncode == 0
+    assert (tmp_path / "clean" / "summary.txt").read_text().startswith("memcheck: rc 0 in ")

@@ -59,32 +59,51 @@ P_TYPES = [("bf16", "bf16"), ("fp16", "fp16"), ("bf16", "fp8_e4m3"), ("fp16", "f
            ("bf16", "fp8_ds_mla"), ("fp16", "fp8_ds_mla")]
 
 
-@pytest.mark.parametrize("block_heads", [None, 16, 32])
+def _check_in_wide_kernel(case: Case):
+    """verify's bars, and the profiler must see the WideWarps kernel run 32-head blocks (traits'
+    head groups and kWideWarps). fp8 caches need sm_89+ and a grid of more blocks than SMs for it:
+    fewer blocks, or an older GPU, decode each tile once in the main kernel (planner.h
+    decoded_fp8_plan), which has no lazy rescale."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _check(verify.run_case(case, torch.device("cuda")))
+    if case.kv_cache_dtype in verify.KV_16BIT or torch.cuda.get_device_capability() >= (8, 9):
+        assert {(a[3], a[8]) for a in _fwd_kernel_traits(prof)} == {("2", "true")}, case.label()
+
+
+@pytest.mark.parametrize("num_tokens, block_heads", [(1, None), (1, 16), (1, 32), (64, None), (64, 16), (64, 32),
+                                                     (256, 32)])
 @pytest.mark.parametrize("q_dtype, kv", P_TYPES)
-@pytest.mark.parametrize("num_tokens", [1, 64])
 @pytest.mark.parametrize("head_size", [512, 576])
 def test_tiles_of_different_magnitudes(q_dtype, kv, num_tokens, head_size, block_heads):
     """Most cache rows 2^-12 smaller than the rest, so consecutive KV tiles differ by up to 12
     octaves: fp8_ds_mla's power-of-two P norm changes from tile to tile (the accumulator is
     rescaled by norm_prev / norm; the lazy kernels keep it while the tile's largest scale is
-    within 2^3), and small fp8_e4m3 values become subnormal or zero."""
-    _check(verify.run_case(Case(head_size=head_size, num_heads=32, topk=2048, num_tokens=num_tokens,
-                                q_dtype=q_dtype, kv_cache_dtype=kv, row_spread=12, block_heads=block_heads),
-                           torch.device("cuda")))
+    within 2^3), and small fp8_e4m3 values become subnormal or zero. 256 tokens: a grid of more
+    32-head blocks than SMs on every target GPU, where fp8 caches too run the WideWarps kernel."""
+    case = Case(head_size=head_size, num_heads=32, topk=2048, num_tokens=num_tokens, q_dtype=q_dtype,
+                kv_cache_dtype=kv, row_spread=12, block_heads=block_heads)
+    if num_tokens == 256:
+        _check_in_wide_kernel(case)
+    else:
+        _check(verify.run_case(case, torch.device("cuda")))
 
 
 @pytest.mark.parametrize("row_ramp", [1.0, 3.0])
 @pytest.mark.parametrize("q_dtype, kv", P_TYPES)
 @pytest.mark.parametrize("head_size", [512, 576])
 def test_running_maximum_that_rises_tile_by_tile(q_dtype, kv, head_size, row_ramp):
-    """Scores that grow along each token's KV tiles (Case.row_ramp), in 32-head blocks: the lazy
-    rescale's paths with O already large. Each row's maximum moves 1.4-1.5 (ramp 1) or 3.3-3.5
-    (ramp 3) times after the first tile, at tiles that differ between the block's heads (the warp
-    vote that skips O's rescale must not skip a head whose maximum moved), and half the rows or
-    more see P past 2^7 of its 2^8 bound (float64 scores of these inputs; test_ops_cpu.py checks
-    the figures on the bf16 ones)."""
-    _check(verify.run_case(Case(head_size=head_size, num_heads=32, topk=2048, num_tokens=64, q_dtype=q_dtype,
-                                kv_cache_dtype=kv, row_ramp=row_ramp, block_heads=32), torch.device("cuda")))
+    """Scores that grow along each token's KV tiles (Case.row_ramp) in the WideWarps kernel's
+    32-head blocks (256 tokens: more blocks than SMs), the lazy rescale's paths with O already
+    large. Each row's maximum moves 1.3-1.5 (ramp 1) or 3.3-3.5 (ramp 3) times after its first
+    tile, against 0.2-0.3 on plain inputs, at tiles that differ between the block's heads in half
+    (ramp 1) or 80 % (ramp 3) of them (the warp vote that skips O's rescale must not skip a head
+    whose maximum moved), and about half (ramp 1) or 60 % (ramp 3) of the rows see P past 2^7 of
+    its 2^8 bound (float64 scores of these inputs, one chain of tiles per row; test_ops_cpu.py
+    checks the figures on the bf16 ones)."""
+    _check_in_wide_kernel(Case(head_size=head_size, num_heads=32, topk=2048, num_tokens=256, q_dtype=q_dtype,
+                               kv_cache_dtype=kv, row_ramp=row_ramp, block_heads=32))
 
 
 @pytest.mark.parametrize("q_dtype, kv", [("fp16", "bf16"), ("bf16", "fp16")])

@@ -126,17 +126,24 @@ def test_row_ramp_sorts_each_tokens_slots_by_a_growing_row_scale():
     assert cases.case_seed(ramp) == cases.case_seed(base)
 
 
+@pytest.mark.parametrize("row_ramp", [-0.5, 16.5, float("nan")])
+def test_row_ramp_outside_its_range_is_refused(row_ramp):
+    with pytest.raises(ValueError, match=r"row_ramp must be in \[0, 16\]"):
+        cases.make_inputs(cases.Case(head_size=512, num_heads=4, topk=64, num_tokens=3, row_ramp=row_ramp), "cpu")
+
+
 def _lazy_maximum_events(case: cases.Case) -> dict[str, float]:
-    """The lazy rescale's events on a case's inputs, from float64 scores (log2 units): each row's
-    reference maximum starts at its first 32-key tile's and moves only where a tile's passes it by
-    more than 8 (sparse_mla_fwd_wide.cuh kBlockN, kLazyLog2)."""
+    """The lazy rescale's events on a case's inputs, from float64 scores (log2 units), one chain
+    of tiles per row (an unsplit launch): a row's reference maximum starts at its first 32-key
+    tile's and moves only where a tile's passes it by more than 8 (sparse_mla_fwd_wide.cuh
+    kBlockN, kLazyLog2); a 32-head block's heads vote on each tile."""
     inp = cases.make_inputs(case, "cpu")
     rows = inp.kv_rows.double()[inp.indices[:, : case.topk].long()]
     scores = torch.einsum("thd,tkd->thk", inp.q.double(), rows) * (case.sm_scale / math.log(2))
     tile_max = scores.unflatten(-1, (-1, 32)).amax(-1)  # [T, H, tiles]
     m = tile_max[..., 0]
     moves = torch.zeros_like(tile_max, dtype=torch.bool)
-    p_log2 = torch.zeros_like(m)
+    p_log2 = torch.zeros_like(m)  # the largest p of a row after its first tile, log2
     for t in range(1, tile_max.shape[-1]):
         moves[..., t] = tile_max[..., t] > m + 8
         m = torch.where(moves[..., t], tile_max[..., t], m)
@@ -144,20 +151,21 @@ def _lazy_maximum_events(case: cases.Case) -> dict[str, float]:
     per_block = moves[..., 1:].unflatten(1, (-1, 32))  # [T, blocks, 32 heads, tiles]
     return {"moves_per_row": moves.sum(-1).double().mean().item(),
             "mixed_tiles": (per_block.any(2) & ~per_block.all(2)).double().mean().item(),
-            "p_past_2^7": (p_log2 > 7).double().mean().item(), "p_max_log2": p_log2.max().item()}
+            "p_past_2^7": (p_log2 > 7).double().mean().item()}
 
 
-@pytest.mark.parametrize("row_ramp, moves, mixed, past_7", [(0.0, (0.2, 0.4), 0.05, 0.15),
-                                                              (1.0, (1.3, 1.6), 0.4, 0.4),
-                                                              (3.0, (3.2, 3.7), 0.7, 0.55)])
+@pytest.mark.parametrize("row_ramp, moves, mixed, past_7", [(0.0, (0.2, 0.4), (0.08, 0.2), (0.15, 0.3)),
+                                                              (1.0, (1.3, 1.6), (0.45, 0.6), (0.4, 0.6)),
+                                                              (3.0, (3.2, 3.7), (0.75, 0.9), (0.55, 0.7))])
 def test_row_ramp_moves_the_running_maximum_at_different_tiles(row_ramp, moves, mixed, past_7):
     """test_kernel_gpu.py's rising-maximum inputs reach the lazy rescale's paths: row_ramp 1 and 3
-    move each row's maximum 5-12x as often as plain inputs, in about half / most of the tiles a
-    32-head block's heads disagree on it (the warp vote), with P near its 2^8 bound in most rows."""
-    ev = _lazy_maximum_events(cases.Case(head_size=576, num_heads=32, topk=2048, num_tokens=64, row_ramp=row_ramp,
+    move each row's maximum 5-12x as often as plain inputs (row_ramp 0), in about half / 80 % of
+    the tiles a 32-head block's heads disagree on it (the warp vote), and P passes 2^7 in about
+    half / 60 % of the rows. D = 576, 256 tokens: the GPU test's bf16 inputs."""
+    ev = _lazy_maximum_events(cases.Case(head_size=576, num_heads=32, topk=2048, num_tokens=256, row_ramp=row_ramp,
                                          block_heads=32))
     assert moves[0] < ev["moves_per_row"] < moves[1], ev
-    assert ev["mixed_tiles"] > mixed and ev["p_past_2^7"] > past_7 and ev["p_max_log2"] <= 8, ev
+    assert mixed[0] < ev["mixed_tiles"] < mixed[1] and past_7[0] < ev["p_past_2^7"] < past_7[1], ev
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "strided"])

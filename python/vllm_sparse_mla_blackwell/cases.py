@@ -44,7 +44,8 @@ class Case:
     # > 0: cache row r scaled by 1 + row_ramp * u_r (u_r uniform in [0, 1)) and each token's topk
     # slots sorted by u_r, so that the scores' running maximum rises from KV tile to KV tile: rows
     # whose maximum moves at different tiles, rows whose P grows far past 1 (the lazy rescale).
-    # Not part of the seed: the same draws as row_ramp=0, rescaled and reordered.
+    # At most 16, which keeps fp8_e4m3 values in range. Not part of the seed: the same draws as
+    # row_ramp=0, rescaled and reordered (masking, applied after the sort, then keeps other slots).
     row_ramp: float = 0.0
     # Heads per kernel block forced on the op (_testing.sparse_mla_fwd block_heads); None: planned.
     # Not part of the seed: the inputs of the planned launch.
@@ -85,10 +86,14 @@ def case_seed(case: Case) -> int:
 def make_inputs(case: Case, device: torch.device | str) -> CaseInputs:
     """Random inputs for a case (drawn from ``case_seed``): shuffled block table, unreferenced
     cache rows set to NaN (bytes 0xFF for fp8), output poisoned with NaN. Raises ValueError for
-    ``value_scale_log2`` with anything but a bf16 cache and bf16 q."""
+    ``value_scale_log2`` with anything but a bf16 cache and bf16 q, and for ``row_ramp`` outside
+    [0, 16]."""
     if case.value_scale_log2 and (case.kv_cache_dtype != "bf16" or case.q_dtype != "bf16"):
         # An fp16 cache or q would overflow, and quantising a scaled cache changes the scores.
         raise ValueError(f"value_scale_log2 needs a bf16 cache and bf16 q, got {case.kv_cache_dtype} / {case.q_dtype}")
+    if not 0 <= case.row_ramp <= 16:
+        # Row scales up to 17 x randn's ~5.5 / k_scale's 0.5: ~190, inside e4m3's 448.
+        raise ValueError(f"row_ramp must be in [0, 16], got {case.row_ramp}")
     gen = torch.Generator(device="cpu").manual_seed(case_seed(case))
     T, H, D, topk = case.num_tokens, case.num_heads, case.head_size, case.topk
     width = max(case.index_width, topk)
