@@ -1,5 +1,6 @@
-"""tools/device_checks.sh on the CPU: the arguments it refuses before running anything, and the
-summary a failed step leaves (verify without a GPU exits 3)."""
+"""tools/device_checks.sh on the CPU: the arguments it refuses before running anything, the
+summary a failed step leaves (verify without a GPU exits 3), a failed build skipping the steps
+after it, and the sanitizer steps judged by the tools' summaries (stand-in programs on PATH)."""
 
 import os
 import pathlib
