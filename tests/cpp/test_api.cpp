@@ -3,6 +3,7 @@
 
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "api.h"
 #include "kernel_traits.h"
@@ -512,6 +513,29 @@ TEST(SplitPlan, DecodedFp8KernelForGridsOfOneWave) {
   ds_mla.kv_cache = tensor(ScalarType::kUInt8, {256, 64, 656}, 1);
   ds_mla.kv_cache_dtype = "fp8_ds_mla";
   EXPECT_TRUE(plan_sparse_mla_fwd(ds_mla, true, 132).params.variant == FwdVariant::kDecodedFp8);
+}
+
+TEST(SplitPlan, ForcedThirtyTwoHeadFp8BlocksStayRawBeyondOneWave) {
+  // tests/test_kernel_gpu.py's lazy-rescale cases: 32 heads in forced 32-head blocks, topk 2048.
+  // At T = 64 the H200's grid is one wave and decodes each tile once (the main kernel); at
+  // T = 256 it is more than one wave on every target GPU (132 to 188 SMs), so the tiles stay raw
+  // and the launch runs the WideWarps kernel, where the lazy rescale is.
+  for (const std::string kv : {"fp8_e4m3", "fp8_ds_mla"}) {
+    auto plan = [&](int64_t T, int sms, int sm_version) {
+      SparseMlaFwdArgs a = good_args(T, 32);
+      a.kv_cache = tensor(ScalarType::kUInt8, {256, 64, kv == "fp8_e4m3" ? 576 : 656}, 1);
+      a.kv_cache_dtype = kv;
+      a.block_heads = 32;
+      return plan_sparse_mla_fwd(a, true, sms, nullptr, sm_version).params;
+    };
+    EXPECT_TRUE(plan(64, 132, 90).variant == FwdVariant::kDecodedFp8) << kv;
+    const std::pair<int, int> gpus[] = {{132, 90}, {170, 120}, {188, 120}};  // SMs, sm_version
+    for (const auto& [sms, sm_version] : gpus) {
+      const SparseMlaFwdParams p = plan(256, sms, sm_version);
+      EXPECT_FALSE(p.variant == FwdVariant::kDecodedFp8) << kv << " " << sms;
+      EXPECT_EQ(p.head_groups, 2) << kv << " " << sms;
+    }
+  }
 }
 
 TEST(HeadGroups, Fp8SixteenHeadBlocksWhereAnSmHoldsTwo) {
