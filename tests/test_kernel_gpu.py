@@ -61,15 +61,16 @@ P_TYPES = [("bf16", "bf16"), ("fp16", "fp16"), ("bf16", "fp8_e4m3"), ("fp16", "f
 
 def _check_in_wide_kernel(case: Case):
     """verify's bars, and the profiler must see the WideWarps kernel run 32-head blocks (traits'
-    head groups and kWideWarps). fp8 caches need sm_89+ and a grid of more blocks than SMs for it:
-    fewer blocks, or an older GPU, decode each tile once in the main kernel (planner.h
-    decoded_fp8_plan), which has no lazy rescale."""
+    head groups and kWideWarps); returns the profile. fp8 caches need sm_89+ and a grid of more
+    blocks than SMs for it: fewer blocks, or an older GPU, decode each tile once in the main
+    kernel (planner.h decoded_fp8_plan), which has no lazy rescale."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         _check(verify.run_case(case, torch.device("cuda")))
     if case.kv_cache_dtype in verify.KV_16BIT or torch.cuda.get_device_capability() >= (8, 9):
         assert {(a[3], a[8]) for a in _fwd_kernel_traits(prof)} == {("2", "true")}, case.label()
+    return prof
 
 
 @pytest.mark.parametrize("num_tokens, block_heads", [(1, None), (1, 16), (1, 32), (64, None), (64, 16), (64, 32),
@@ -407,8 +408,6 @@ def test_wide_warps_family_of_fp8_caches(head_size, kv, q_dtype):
     inputs: SMs + 8 tokens of 32 heads, topk 512, which the planner splits in two (the partial
     results' epilogue and the combine pass; planner.h plan_splits), 40 heads (a padded head
     block) with topk_len, and 2 x SMs tokens of 64 heads, q split."""
-    from torch.profiler import ProfilerActivity, profile
-
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("before sm_89 fp8 launches decode each tile once (planner.h decoded_fp8_plan)")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -417,10 +416,7 @@ def test_wide_warps_family_of_fp8_caches(head_size, kv, q_dtype):
                                                          (64, 2 * sms, 512, "none", "split_q")):
         case = Case(head_size=head_size, num_heads=num_heads, topk=topk, num_tokens=num_tokens, kv_cache_dtype=kv,
                     masking=masking, q_dtype=q_dtype, layout=layout if head_size == 576 else "strided")
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            result = verify.run_case(case, torch.device("cuda"))
-        _check(result)
-        assert {(a[3], a[8]) for a in _fwd_kernel_traits(prof)} == {("2", "true")}, case.label()
+        prof = _check_in_wide_kernel(case)
         if num_heads == 32:
             assert any("combine" in e.name for e in prof.events()), case.label()
 

@@ -150,7 +150,7 @@ def make_inputs(case: Case, device: torch.device | str) -> CaseInputs:
         factor[small] *= 2.0**-case.row_spread
     if ramp is not None:
         factor *= 1.0 + case.row_ramp * ramp[:, None]
-    kv_c = kv_c * factor  # powers of two (but row_ramp's): exact
+    kv_c = kv_c * factor  # exact for row_spread's and value_scale_log2's powers of two
     k_pe = None if k_pe is None else k_pe * factor
     valid = reference.valid_index_mask(indices, num_rows, topk, topk_len)
     referenced = torch.zeros(num_rows, dtype=torch.bool)
