@@ -68,12 +68,13 @@ def _tool(path: pathlib.Path, text: str) -> str:
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
     """A git repository with a csrc/ whose 'kernel' is one line, and stand-in nvcc and cuobjdump: the
-    cubin is that line, and its SASS one instruction of that text."""
+    cubin is that line and the configuration's source, and its SASS one instruction of that text."""
     root = tmp_path / "repo"
     (root / "csrc" / "sparse_mla" / "instantiations").mkdir(parents=True)
-    (root / "csrc" / "sparse_mla" / "instantiations" / "fwd_instantiation.cu.in").write_text("@ELEMENT@ @FORMAT@\n")
+    (root / "csrc" / "sparse_mla" / "instantiations" / "fwd_instantiation.cu.in").write_text(
+        "@ELEMENT@ @FORMAT@ @HEAD_DIM@ @HEAD_GROUPS@")
     kernel = root / "csrc" / "sparse_mla" / "kernel.cuh"
-    kernel.write_text("IADD3 R1, R2, R3, RZ\n")
+    kernel.write_text("IADD3 R1, R2, R3\n")
     git = ["git", "-C", str(root), "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run(["git", "init", "-q", str(root)], check=True)
     subprocess.run([*git, "add", "-A"], check=True)
@@ -81,12 +82,12 @@ def repo(tmp_path, monkeypatch):
     monkeypatch.setattr(sass_diff, "REPO", root)
     nvcc = _tool(tmp_path / "nvcc", """#!/bin/sh
 [ "$1" = "--version" ] && { echo fake nvcc; exit 0; }
-out=""; inc=""
+out=""; inc=""; cu=""
 while [ $# -gt 0 ]; do
-  case "$1" in -o) out="$2"; shift ;; -I*) [ -z "$inc" ] && inc="${1#-I}" ;; esac
+  case "$1" in -o) out="$2"; shift ;; -I*) [ -z "$inc" ] && inc="${1#-I}" ;; *.cu) cu="$1" ;; esac
   shift
 done
-cat "$inc/sparse_mla/kernel.cuh" > "$out"
+printf '%s %s\n' "$(head -1 "$inc/sparse_mla/kernel.cuh")" "$(cat "$cu")" > "$out"
 """)
     cuobjdump = _tool(tmp_path / "cuobjdump", r"""#!/bin/sh
 printf '\tarch = sm_90\n\t\tFunction : _Z6kernelv\n        /*0000*/   %s ;   /* 0x0000000000007919 */\n                /* 0x000fe20000000000 */\n' "$(cat "$2")"
@@ -101,36 +102,63 @@ def test_same_tree_is_identical(repo, capsys):
     assert sass_diff.main([*args, "HEAD"]) == 0
     out = capsys.readouterr().out
     assert "| fwd_bf16_kFp8DsMla_d576_h2 | sm_120a | 1 | none |" in out
+    assert "(nvcc version unknown)" in out  # the stand-in prints no release
     assert "sm_90: 4 of 4 configurations identical" in out
 
 
 def test_a_changed_kernel_is_reported(repo, capsys):
     kernel, args = repo
-    kernel.write_text("IADD3 R5, R2, R3, RZ\n")
+    assert sass_diff.main([*args, "--archs", "sm_90", "HEAD"]) == 0  # fills the cache
+    kernel.write_text("IADD3 R5, R2, R3\n")
     assert sass_diff.main([*args, "--archs", "sm_90", "--show", "10", "HEAD"]) == 1
     out = capsys.readouterr().out
     assert "1 -> 1 instructions, first difference at instruction 0" in out
     assert "sm_90: 0 of 4 configurations identical" in out
-    assert "-IADD3 R1, R2, R3, RZ  [0007f1]" in out and "+IADD3 R5, R2, R3, RZ  [0007f1]" in out
+    # Each configuration's own source reached nvcc: the template was filled in.
+    assert "-IADD3 R1, R2, R3 __half kFp8DsMla 576 2  [0007f1]" in out
+    assert "+IADD3 R5, R2, R3 __half kFp8DsMla 576 2  [0007f1]" in out
 
 
-def test_empty_disassembly_is_an_error(repo, tmp_path, capsys):
-    # The pip package's cuobjdump without nvdisasm on PATH: function headers, no instructions.
+def test_cached_files_are_checked(repo, tmp_path, capsys):
+    # A cache file left empty (a run cut short, a full disk) is an error, not an empty kernel list.
     _, args = repo
-    empty = _tool(tmp_path / "cuobjdump_empty", "#!/bin/sh\nprintf '\\t\\tFunction : _Z6kernelv\\n'\n")
-    args[args.index("--cuobjdump") + 1] = empty
-    assert sass_diff.main([*args, "--cache", str(tmp_path / "other"), "HEAD"]) == 2
-    assert "is nvdisasm on PATH?" in capsys.readouterr().err
+    assert sass_diff.main([*args, "--archs", "sm_90", "HEAD"]) == 0
+    cached = next((tmp_path / "cache").rglob("fwd_bf16_kFp8DsMla_d576_h1.sass"))
+    cached.write_text("")
+    assert sass_diff.main([*args, "--archs", "sm_90", "HEAD"]) == 2
+    assert "cuobjdump printed a function without instructions" in capsys.readouterr().err
+    assert not list((tmp_path / "cache").rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("script", [
+    # cuobjdump 13.0 from pip without nvdisasm: fails.
+    "#!/bin/sh\necho \"Could not find executable file 'nvdisasm'\" >&2\nexit 1\n",
+    # Function headers and no instructions.
+    "#!/bin/sh\nprintf '\\t\\tFunction : _Z6kernelv\\n'\n",
+])
+def test_disassembly_without_nvdisasm_is_an_error(repo, tmp_path, capsys, script):
+    _, args = repo
+    args[args.index("--cuobjdump") + 1] = _tool(tmp_path / "cuobjdump_broken", script)
+    assert sass_diff.main([*args, "HEAD"]) == 2
+    assert "needs nvdisasm on PATH" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, message", [
     (["--archs", "90"], "--archs: comma-separated targets"),
+    (["--archs", "sm_90 sm_120a"], "--archs: comma-separated targets"),
     (["--only", "kFp4"], "--only: no configuration's stem contains 'kFp4'"),
     (["--jobs", "0"], "--jobs: at least 1"),
+    (["--cuobjdump", "/no/such/cuobjdump"], "cuobjdump: '/no/such/cuobjdump' is not an executable file"),
     (["HEAD", "no-such-revision"], "BASE/HEAD: git does not know revision 'no-such-revision'"),
 ])
-def test_bad_arguments_name_the_argument(repo, flags, message):
+def test_bad_arguments_name_the_argument(repo, capsys, flags, message):
     _, args = repo
-    args = [a for a in args if a != "kFp8DsMla_d576" and a != "--only"]
-    with pytest.raises(SystemExit, match=re.escape(message)):
-        sass_diff.main([*args, *flags] if flags[0] == "HEAD" else [*args, *flags, "HEAD"])
+    args = [a for a in args if a not in ("kFp8DsMla_d576", "--only")]
+    assert sass_diff.main([*args, *flags] if flags[0] == "HEAD" else [*args, *flags, "HEAD"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_targets_are_listed_once(repo, capsys):
+    _, args = repo
+    assert sass_diff.main([*args, "--archs", "sm_90,sm_90", "HEAD"]) == 0
+    assert capsys.readouterr().out.count("sm_90: 4 of 4 configurations identical") == 1

@@ -75,3 +75,10 @@ def test_a_wait_on_a_load_releasing_its_address_registers_is_not_reported():
             + _line(0x30, "BRA 0x10"))
     (_, _, instructions), = sass_waits.kernels(_sass(body))
     assert sass_waits.mma_waits_on_loads(instructions) == []
+
+
+def test_loops_closed_by_a_uniform_predicate_branch():
+    # sm_120a's tile loops close with "BRA.U !UP0, target"; "@!P0 BRA !P2, target" has a predicate operand too.
+    body = [(0x00, "NOP", 0), (0x10, "HMMA.16816.F32 R0, R4, R8, R0", 0), (0x20, "BRA.U !UP0, 0x10", 0),
+            (0x30, "@!P0 BRA !P2, 0x0", 0), (0x40, "BRA 0x40", 0)]
+    assert sass_waits.loops(body) == [(1, 2), (0, 3)]

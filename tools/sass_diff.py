@@ -2,17 +2,21 @@
 """Whether two trees compile to the same forward kernels: SASS of every kernel configuration, compared.
 
 A change that leaves every kernel's SASS as it was (instructions, operands and control bits, with
-addresses left out) needs no new GPU run: the GPU already ran that code. This compiles each of the
-32 instantiations of csrc/sparse_mla/instantiations/fwd_instantiation.cu.in (q dtype x cache format
-x head size x head groups, as CMakeLists.txt does) for each target, at two trees, and compares the
-kernels function by function. A tree is a git revision or WORKTREE (the files as they are now).
+addresses left out) needs no new GPU run of its device code: the GPU already ran that code. This
+compiles each of the 32 instantiations of csrc/sparse_mla/instantiations/fwd_instantiation.cu.in
+(q dtype x cache format x head size x head groups, as CMakeLists.txt does) for each target, at two
+trees, and compares the kernels function by function. A tree is a git revision or WORKTREE (the
+files as they are now). What it does not see: host code (launch_template.cuh's grid and variant
+choice, dispatch.cu, planner.cpp), the cache-write kernels, and another nvcc than this one (its
+version is printed).
 
-Compiled SASS is kept in --cache under the hash of the tree's csrc/ and the nvcc command, so that a
-base compiled once is not compiled again. Exit 0 if every kernel is the same, 1 if one differs, 2
-on an error (nvcc or cuobjdump missing, a revision git does not know, no configuration selected).
+Compiled SASS is kept in --cache under the hash of the tree's csrc/, the nvcc version and flags,
+so that a base compiled once is not compiled again (about 2 minutes a tree for sm_90 and sm_120a
+on 2 cores). Exit 0 if every kernel is the same, 1 if one differs, 2 on an error (nvcc or
+cuobjdump missing or failing, a revision git does not know, a bad argument).
 
-Usage: sass_diff.py [--archs sm_90,sm_120a] [--only SUBSTR] [--show N] [--jobs N] [--cache DIR] BASE [HEAD]
-  (HEAD defaults to WORKTREE)
+Usage: sass_diff.py [--archs sm_90,sm_120a] [--only SUBSTR] [--show N] [--loops] [--jobs N] [--cache DIR]
+                    BASE [HEAD]   (HEAD defaults to WORKTREE)
 """
 
 from __future__ import annotations
@@ -24,14 +28,16 @@ import hashlib
 import itertools
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_resources import demangle, find_cuobjdump, short_name  # noqa: E402
-from sass_waits import kernels  # noqa: E402
+from sass_waits import kernels, loops, opcode  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 WORKTREE = "WORKTREE"
@@ -44,19 +50,26 @@ CONFIGS = [
 ]
 # The build's flags for kernel code (CMakeLists.txt target_compile_options), as a cubin.
 NVCC_FLAGS = ["-std=c++17", "-O3", "-lineinfo", "--expt-relaxed-constexpr", "-cubin"]
+_NVDISASM = "the pip package's cuobjdump needs nvdisasm on PATH (pip install nvidia-cuda-nvdisasm)"
+
+
+class Failure(Exception):
+    """An error the tool reports in one line and exits 2 for."""
 
 
 def tree_csrc(rev: str, scratch: pathlib.Path) -> pathlib.Path:
     """The csrc/ folder of `rev`: the repository's own for WORKTREE, else `git archive` into scratch."""
     if rev == WORKTREE:
         return REPO / "csrc"
+    if subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+                      capture_output=True).returncode != 0:
+        raise Failure(f"BASE/HEAD: git does not know revision '{rev}'")
     out = scratch / hashlib.sha256(rev.encode()).hexdigest()[:12]
-    if not out.exists():
-        out.mkdir(parents=True)
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "csrc"], capture_output=True)
-        if archive.returncode != 0:
-            raise SystemExit(f"BASE/HEAD: git does not know revision '{rev}': {archive.stderr.decode().strip()}")
-        subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
+    out.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "csrc"], capture_output=True)
+    if archive.returncode != 0:
+        raise Failure(f"BASE/HEAD: revision '{rev}' has no csrc/: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
     return out / "csrc"
 
 
@@ -68,16 +81,28 @@ def tree_hash(csrc: pathlib.Path) -> str:
 
 
 def nvcc_version(nvcc: str) -> str:
-    return subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    run = subprocess.run([nvcc, "--version"], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise Failure(f"--nvcc: '{nvcc} --version' failed: {run.stderr.strip()}")
+    return run.stdout
+
+
+def checked(sass: str, what: str) -> str:
+    """sass, if every function in it has instructions (a dump without nvdisasm has none)."""
+    bodies = kernels(sass)
+    if not bodies or any(not body for _, _, body in bodies):
+        raise Failure(f"{what}: cuobjdump printed a function without instructions; {_NVDISASM}")
+    return sass
 
 
 def compile_sass(csrc: pathlib.Path, digest: str, config: tuple, arch: str, nvcc: str, cuobjdump: str,
                  cache: pathlib.Path) -> str:
     """cuobjdump -sass of one configuration for one target, from the cache when it is there."""
     stem, element, fmt, d, g = config
+    what = f"{stem} for {arch}"
     cached = cache / digest[:24] / arch / f"{stem}.sass"
     if cached.exists():
-        return cached.read_text()
+        return checked(cached.read_text(), f"{what} (cached in {cached})")
     template = (csrc / "sparse_mla" / "instantiations" / "fwd_instantiation.cu.in").read_text()
     source = (template.replace("@ELEMENT@", element).replace("@FORMAT@", fmt)
               .replace("@HEAD_DIM@", str(d)).replace("@HEAD_GROUPS@", str(g)))
@@ -89,19 +114,31 @@ def compile_sass(csrc: pathlib.Path, digest: str, config: tuple, arch: str, nvcc
                f"-I{csrc / 'sparse_mla'}", "-o", str(cubin), str(cu)]
         build = subprocess.run(cmd, capture_output=True, text=True)
         if build.returncode != 0:
-            raise RuntimeError(f"{stem} for {arch} did not compile:\n{build.stderr[-4000:]}")
-        sass = subprocess.run([cuobjdump, "--dump-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-    if "Function :" not in sass or "/*0000*/" not in sass:
-        # The pip package's cuobjdump prints empty functions when nvdisasm is not on PATH.
-        raise RuntimeError(f"cuobjdump printed no instructions for {stem} ({arch}): is nvdisasm on PATH?")
+            raise Failure(f"{what} did not compile:\n{build.stderr[-4000:]}")
+        dump = subprocess.run([cuobjdump, "--dump-sass", str(cubin)], capture_output=True, text=True)
+        if dump.returncode != 0:
+            raise Failure(f"{what}: cuobjdump failed: {dump.stderr.strip()[-500:]}; {_NVDISASM}")
+    sass = checked(dump.stdout, what)
+    # Written whole or not at all: a run cut short leaves no half file for later runs to trust.
     cached.parent.mkdir(parents=True, exist_ok=True)
-    cached.write_text(sass)
+    partial = cached.with_name(f"{cached.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    partial.write_text(sass)
+    os.replace(partial, cached)
     return sass
 
 
 def functions(sass: str) -> dict[str, list[tuple[str, int]]]:
     """Mangled name -> [(instruction, control bits)], addresses left out."""
     return {name: [(text, control) for _, text, control in body] for _, name, body in kernels(sass)}
+
+
+def tile_loop(body: list[tuple[int, str, int]]) -> tuple[int, int] | None:
+    """(instructions, HMMAs) of a kernel's largest loop, its tile loop; None without a loop."""
+    spans = loops(body)
+    if not spans:
+        return None
+    first, last = max(spans, key=lambda span: span[1] - span[0])
+    return last - first + 1, sum(opcode(text).startswith("HMMA") for _, text, _ in body[first:last + 1])
 
 
 def compare(base: dict[str, list], head: dict[str, list]) -> list[tuple[str, str]]:
@@ -119,67 +156,94 @@ def compare(base: dict[str, list], head: dict[str, list]) -> list[tuple[str, str
     return out
 
 
+def readable(demangled: str) -> str:
+    """check_resources' short kernel name, or the demangled one where its traits do not parse."""
+    try:
+        return short_name(demangled)[0]
+    except ValueError:
+        return demangled
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("base", metavar="BASE", help=f"git revision or {WORKTREE}")
     ap.add_argument("head", metavar="HEAD", nargs="?", default=WORKTREE, help=f"git revision or {WORKTREE} (default)")
     ap.add_argument("--archs", default="sm_90,sm_120a", help="targets, comma-separated (default sm_90,sm_120a)")
     ap.add_argument("--only", default="", help="configurations whose file stem contains this, e.g. kFp8DsMla_d576_h2")
+    ap.add_argument("--show", type=int, default=0, metavar="N",
+                    help="print up to N lines of a unified diff of each differing kernel (instruction, control bits)")
+    ap.add_argument("--loops", action="store_true",
+                    help="with each differing kernel, its tile loop's instructions and HMMAs at BASE and HEAD")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel nvcc processes")
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "sparse_mla_sass_cache"),
                     help="folder of compiled SASS, per tree hash")
-    ap.add_argument("--show", type=int, default=0, metavar="N",
-                    help="print up to N lines of a unified diff of each differing kernel (instruction, control bits)")
     ap.add_argument("--nvcc", default=shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc")
     ap.add_argument("--cuobjdump", default=None)
     args = ap.parse_args(argv)
+    try:
+        return run(args)
+    except Failure as e:
+        print(f"sass_diff: {e}", file=sys.stderr)
+        return 2
 
-    archs = [a.strip() for a in args.archs.split(",") if a.strip()]
-    if not archs or any(not a.startswith("sm_") for a in archs):
-        raise SystemExit(f"--archs: comma-separated targets such as sm_90,sm_120a, got '{args.archs}'")
+
+def run(args: argparse.Namespace) -> int:
+    archs = list(dict.fromkeys(a.strip() for a in args.archs.split(",")))
+    if not archs or any(not re.fullmatch(r"sm_\d+[af]?", a) for a in archs):
+        raise Failure(f"--archs: comma-separated targets such as sm_90,sm_120a, got '{args.archs}'")
     configs = [c for c in CONFIGS if args.only in c[0]]
     if not configs:
-        raise SystemExit(f"--only: no configuration's stem contains '{args.only}' (e.g. fwd_bf16_kFp8DsMla_d576_h2)")
+        raise Failure(f"--only: no configuration's stem contains '{args.only}' (e.g. fwd_bf16_kFp8DsMla_d576_h2)")
     if args.jobs < 1:
-        raise SystemExit(f"--jobs: at least 1, got {args.jobs}")
+        raise Failure(f"--jobs: at least 1, got {args.jobs}")
     if not os.access(args.nvcc, os.X_OK):
-        raise SystemExit(f"--nvcc: '{args.nvcc}' is not an executable file")
-    cuobjdump = find_cuobjdump(args.cuobjdump)
+        raise Failure(f"--nvcc: '{args.nvcc}' is not an executable file")
+    try:
+        cuobjdump = find_cuobjdump(args.cuobjdump)
+    except SystemExit as e:
+        raise Failure(str(e)) from None
+    version = nvcc_version(args.nvcc)
+    salt = hashlib.sha256((version + " ".join(NVCC_FLAGS)).encode()).hexdigest()
     cache = pathlib.Path(args.cache)
-    salt = hashlib.sha256((nvcc_version(args.nvcc) + " ".join(NVCC_FLAGS)).encode()).hexdigest()
 
     with tempfile.TemporaryDirectory() as scratch:
         trees = {}
         for rev in (args.base, args.head):
             csrc = tree_csrc(rev, pathlib.Path(scratch))
             trees[rev] = (csrc, hashlib.sha256((tree_hash(csrc) + salt).encode()).hexdigest())
-        jobs = {}
-        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            for rev, (csrc, digest) in trees.items():
-                for config in configs:
-                    for arch in archs:
-                        jobs[rev, config[0], arch] = pool.submit(
-                            compile_sass, csrc, digest, config, arch, args.nvcc, cuobjdump, cache)
-            try:
-                sass = {key: job.result() for key, job in jobs.items()}
-            except RuntimeError as e:
-                print(f"error: {e}", file=sys.stderr)
-                return 2
+        pool = concurrent.futures.ThreadPoolExecutor(args.jobs)
+        try:
+            jobs = {(rev, config[0], arch): pool.submit(compile_sass, csrc, digest, config, arch, args.nvcc, cuobjdump,
+                                                       cache)
+                    for rev, (csrc, digest) in trees.items() for config in configs for arch in archs}
+            sass = {key: job.result() for key, job in jobs.items()}
+        except OSError as e:
+            raise Failure(f"--cache '{cache}': {e}") from None
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
-    print(f"BASE {args.base} against HEAD {args.head}: {len(configs)} configurations x {', '.join(archs)}")
+    release = re.search(r"release [^\n]*", version)
+    print(f"BASE {args.base} against HEAD {args.head}: {len(configs)} configurations x {', '.join(archs)}"
+          f" (nvcc {release.group(0) if release else 'version unknown'})")
     print("| configuration | target | kernels | differing |")
     print("| --- | --- | ---: | --- |")
     differing = {arch: 0 for arch in archs}
     for (stem, *_), arch in itertools.product(configs, archs):
         base, head = functions(sass[args.base, stem, arch]), functions(sass[args.head, stem, arch])
         diffs = compare(base, head)
+        if args.loops:
+            bodies = [{name: body for _, name, body in kernels(sass[rev, stem, arch])} for rev in (args.base, args.head)]
+            for i, (name, what) in enumerate(diffs):
+                b, h = (tile_loop(k[name]) if name in k else None for k in bodies)
+                if b and h:
+                    diffs[i] = (name, f"{what}; tile loop {b[0]} -> {h[0]} instructions, {b[1]} -> {h[1]} HMMA")
         differing[arch] += bool(diffs)
         names = demangle([n for n, _ in diffs])
-        listed = "; ".join(f"{short_name(d)[0]}: {what}" for d, (_, what) in zip(names, diffs)) or "none"
+        listed = "; ".join(f"{readable(d)}: {what}" for d, (_, what) in zip(names, diffs)) or "none"
         print(f"| {stem} | {arch} | {len(set(base) | set(head))} | {listed} |")
         for name, _ in diffs if args.show else []:
-            lines = [f"{text}  [{control:06x}]" for text, control in base.get(name, [])], \
-                    [f"{text}  [{control:06x}]" for text, control in head.get(name, [])]
+            lines = ([f"{text}  [{control:06x}]" for text, control in base.get(name, [])],
+                     [f"{text}  [{control:06x}]" for text, control in head.get(name, [])])
             for line in list(difflib.unified_diff(*lines, "BASE", "HEAD", n=2, lineterm=""))[:args.show]:
                 print("    " + line)
     for arch in archs:

@@ -59,7 +59,8 @@ def opcode(instruction: str) -> str:
     return words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
 
 
-_BRANCH_TARGET = re.compile(r"\bBRA\s+(0x[0-9a-f]+)")
+# "BRA 0x..", and with a (uniform) predicate operand, "BRA.U !UP0, 0x..": sm_120's tile loops close so.
+_BRANCH_TARGET = re.compile(r"\bBRA(?:\.[A-Z]+)*\s+(?:!?U?P[T0-9]+,\s*)?(0x[0-9a-f]+)")
 
 
 def loops(instructions: list[tuple[int, str, int]]) -> list[tuple[int, int]]:
