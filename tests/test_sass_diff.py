@@ -39,11 +39,12 @@ def test_configurations_are_the_builds():
 
 
 def test_functions_leave_out_addresses_and_keep_control_bits():
-    a = sass_diff.functions(_sass({"_Z1fv": [("HMMA.16816.F32 R0, R4, R8, R0", 0x7F1), ("EXIT", 0x7E1)]}))
+    a = sass_diff.functions(sass_diff.checked(_sass({"_Z1fv": [("HMMA.16816.F32 R0, R4, R8, R0", 0x7F1), ("EXIT", 0x7E1)]}),
+                                              "test"))
     assert a == {"_Z1fv": [("HMMA.16816.F32 R0, R4, R8, R0", 0x7F1), ("EXIT", 0x7E1)]}
     # The same code at other addresses is the same.
     shifted = _sass({"_Z1fv": [("HMMA.16816.F32 R0, R4, R8, R0", 0x7F1), ("EXIT", 0x7E1)]}).replace("/*0000*/", "/*0100*/")
-    assert sass_diff.functions(shifted) == a
+    assert sass_diff.functions(sass_diff.checked(shifted, "test")) == a
 
 
 def test_compare_reports_every_kind_of_difference():

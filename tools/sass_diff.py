@@ -74,6 +74,7 @@ def tree_csrc(rev: str, scratch: pathlib.Path) -> pathlib.Path:
 
 
 def tree_hash(csrc: pathlib.Path) -> str:
+    """sha256 over every file's path and bytes below csrc."""
     h = hashlib.sha256()
     for f in sorted(p for p in csrc.rglob("*") if p.is_file()):
         h.update(str(f.relative_to(csrc)).encode() + b"\0" + f.read_bytes() + b"\0")
@@ -87,17 +88,22 @@ def nvcc_version(nvcc: str) -> str:
     return run.stdout
 
 
-def checked(sass: str, what: str) -> str:
-    """sass, if every function in it has instructions (a dump without nvdisasm has none)."""
+Kernels = dict[str, list[tuple[int, str, int]]]  # mangled name -> [(address, instruction, control bits)]
+
+
+def checked(sass: str, what: str) -> Kernels:
+    """The kernels of a SASS dump, if every function in it has instructions (a dump without
+    nvdisasm has none)."""
     bodies = kernels(sass)
     if not bodies or any(not body for _, _, body in bodies):
         raise Failure(f"{what}: cuobjdump printed a function without instructions; {_NVDISASM}")
-    return sass
+    return {name: body for _, name, body in bodies}
 
 
 def compile_sass(csrc: pathlib.Path, digest: str, config: tuple, arch: str, nvcc: str, cuobjdump: str,
-                 cache: pathlib.Path) -> str:
-    """cuobjdump -sass of one configuration for one target, from the cache when it is there."""
+                 cache: pathlib.Path) -> Kernels:
+    """The kernels of one configuration for one target (cuobjdump -sass), from the cache when it
+    is there."""
     stem, element, fmt, d, g = config
     what = f"{stem} for {arch}"
     cached = cache / digest[:24] / arch / f"{stem}.sass"
@@ -118,18 +124,18 @@ def compile_sass(csrc: pathlib.Path, digest: str, config: tuple, arch: str, nvcc
         dump = subprocess.run([cuobjdump, "--dump-sass", str(cubin)], capture_output=True, text=True)
         if dump.returncode != 0:
             raise Failure(f"{what}: cuobjdump failed: {dump.stderr.strip()[-500:]}; {_NVDISASM}")
-    sass = checked(dump.stdout, what)
+    parsed = checked(dump.stdout, what)
     # Written whole or not at all: a run cut short leaves no half file for later runs to trust.
     cached.parent.mkdir(parents=True, exist_ok=True)
     partial = cached.with_name(f"{cached.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    partial.write_text(sass)
+    partial.write_text(dump.stdout)
     os.replace(partial, cached)
-    return sass
+    return parsed
 
 
-def functions(sass: str) -> dict[str, list[tuple[str, int]]]:
+def functions(parsed: Kernels) -> dict[str, list[tuple[str, int]]]:
     """Mangled name -> [(instruction, control bits)], addresses left out."""
-    return {name: [(text, control) for _, text, control in body] for _, name, body in kernels(sass)}
+    return {name: [(text, control) for _, text, control in body] for name, body in parsed.items()}
 
 
 def tile_loop(body: list[tuple[int, str, int]]) -> tuple[int, int] | None:
@@ -216,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
             jobs = {(rev, config[0], arch): pool.submit(compile_sass, csrc, digest, config, arch, args.nvcc, cuobjdump,
                                                        cache)
                     for rev, (csrc, digest) in trees.items() for config in configs for arch in archs}
-            sass = {key: job.result() for key, job in jobs.items()}
+            parsed = {key: job.result() for key, job in jobs.items()}
         except OSError as e:
             raise Failure(f"--cache '{cache}': {e}") from None
         finally:
@@ -229,10 +235,10 @@ def run(args: argparse.Namespace) -> int:
     print("| --- | --- | ---: | --- |")
     differing = {arch: 0 for arch in archs}
     for (stem, *_), arch in itertools.product(configs, archs):
-        base, head = functions(sass[args.base, stem, arch]), functions(sass[args.head, stem, arch])
+        bodies = [parsed[rev, stem, arch] for rev in (args.base, args.head)]
+        base, head = functions(bodies[0]), functions(bodies[1])
         diffs = compare(base, head)
         if args.loops:
-            bodies = [{name: body for _, name, body in kernels(sass[rev, stem, arch])} for rev in (args.base, args.head)]
             for i, (name, what) in enumerate(diffs):
                 b, h = (tile_loop(k[name]) if name in k else None for k in bodies)
                 if b and h:
