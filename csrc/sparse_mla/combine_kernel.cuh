@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(CombineConfig<kSplitGroups, kDecodeLoads>::kTh
     sparse_mla_combine_kernel(const SparseMlaFwdParams p) {
   using Config = CombineConfig<kSplitGroups, kDecodeLoads>;
   constexpr int kLoads = Config::kLoadsInFlight;
-  __shared__ float4 s_acc[kSplitGroups > 1 ? kSplitGroups - 1 : 1][Config::kColumnThreads];
+  static __shared__ float4 s_acc[kSplitGroups > 1 ? kSplitGroups - 1 : 1][Config::kColumnThreads];
   const int row = blockIdx.x;
   const int t = row / p.num_heads;
   const int h = row - t * p.num_heads;
@@ -144,6 +144,26 @@ __global__ void __launch_bounds__(CombineConfig<kSplitGroups, kDecodeLoads>::kTh
   Element* out = static_cast<Element*>(p.out) + static_cast<int64_t>(t) * p.out_stride_t +
                  static_cast<int64_t>(h) * p.out_stride_h;
   *reinterpret_cast<uint2*>(out + 4 * col) = make_uint2(pack2<Element>(acc.x, acc.y), pack2<Element>(acc.z, acc.w));
+}
+
+// fn(kernel, grid, block) with the combine kernel of a split launch and its grid and block: the
+// layout the planner chose (params.h combine_split_groups; at decode four thread groups over the
+// splits and each (token, head) row in four blocks, else one block per row) and, at decode, the
+// loads per round (combine_decode_loads).
+template <typename Element, typename Fn>
+auto with_combine_kernel(const SparseMlaFwdParams& p, Fn&& fn) {
+  constexpr int kWide = kCombineDecodeSplitGroups;
+  const unsigned rows = static_cast<unsigned>(static_cast<int64_t>(p.num_tokens) * p.num_heads);
+  if (p.combine_split_groups != kWide)
+    return fn(sparse_mla_combine_kernel<Element, 1>, dim3(rows, CombineConfig<1>::kColumnSlices),
+              dim3(CombineConfig<1>::kThreads));
+  // Both load counts share CombineConfig<kWide>'s grid and block.
+  static_assert(CombineConfig<kWide, kCombineDecodeMoreLoads>::kThreads == CombineConfig<kWide>::kThreads &&
+                CombineConfig<kWide, kCombineDecodeMoreLoads>::kColumnSlices == CombineConfig<kWide>::kColumnSlices);
+  const dim3 grid(rows, CombineConfig<kWide>::kColumnSlices), block(CombineConfig<kWide>::kThreads);
+  return combine_decode_loads(p.num_splits) == kCombineDecodeMoreLoads
+             ? fn(sparse_mla_combine_kernel<Element, kWide, kCombineDecodeMoreLoads>, grid, block)
+             : fn(sparse_mla_combine_kernel<Element, kWide>, grid, block);
 }
 
 }  // namespace sparse_mla

@@ -7,21 +7,6 @@ namespace sparse_mla {
 
 namespace {
 
-// Calls f(Traits{}) with the SparseMlaFwdTraits of (dtype, format, head_size, head_groups);
-// head_size must be 512 or 576, head_groups 1 or 2.
-template <typename F>
-auto with_fwd_traits(DType dtype, KvFormat format, int head_size, int head_groups, F&& f) {
-  return SPARSE_MLA_DTYPE_SWITCH(dtype, Element, [&] {
-    return SPARSE_MLA_FORMAT_SWITCH(format, kFormat, [&] {
-      return SPARSE_MLA_HEADDIM_SWITCH(head_size, kHeadDim, [&] {
-        return SPARSE_MLA_HEADGROUPS_SWITCH(head_groups, kHeadGroups, [&] {
-          return f(SparseMlaFwdTraits<Element, kFormat, kHeadDim, kHeadGroups>{});
-        });
-      });
-    });
-  });
-}
-
 bool instantiated(int head_size, int head_groups) {
   const bool d_ok = head_size == kHeadSizeNoPE || head_size == kHeadSizeRoPE;
   return d_ok && head_groups >= 1 && head_groups <= kMaxHeadGroups;

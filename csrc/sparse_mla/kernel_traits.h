@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "formats.h"
+#include "params.h"
 
 namespace sparse_mla {
 
@@ -182,5 +183,28 @@ struct SparseMlaFwdTraits {
   static_assert(kSmemBytes <= kSmemBudgetBytes,
                 "a kernel instantiation exceeds the 101,376-byte shared-memory ceiling");
 };
+
+// fn(traits) for the traits of `variant` of the configuration Traits, or missing() where the
+// configuration has no such variant.
+template <typename Traits, typename Fn, typename Missing>
+auto with_variant(FwdVariant variant, Fn&& fn, Missing&& missing) {
+  switch (variant) {
+    case FwdVariant::kMain:
+      return fn(Traits{});
+    case FwdVariant::kOneStage:
+      if constexpr (Traits::kHasOneStageVariant) return fn(typename Traits::OneStage{});
+      break;
+    case FwdVariant::kDecodedFp8:
+      if constexpr (Traits::kHasDecodedFp8Variant) return fn(typename Traits::DecodedFp8{});
+      break;
+    case FwdVariant::kPairedScores:
+      if constexpr (Traits::kHasPairedScoresVariant) return fn(typename Traits::PairedScores{});
+      break;
+    case FwdVariant::kE4m3Pv:
+      if constexpr (Traits::kHasE4m3PvVariant) return fn(typename Traits::E4m3Pv{});
+      break;
+  }
+  return missing();
+}
 
 }  // namespace sparse_mla

@@ -67,22 +67,14 @@ cudaError_t launch_fwd(const SparseMlaFwdParams& p, cudaStream_t stream) {
   // during stream capture, and repeating it keeps multi-GPU processes simple.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  const int head_blocks = (p.num_heads + Traits::kBlockH - 1) / Traits::kBlockH;
-  const dim3 grid(static_cast<unsigned>(p.num_tokens) * head_blocks, p.num_splits);
-  kernel<<<grid, Traits::kNumThreads, smem, stream>>>(p);
+  kernel<<<fwd_grid<Traits>(p), Traits::kNumThreads, smem, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.num_splits == 1) return err;
   // The combine pass is launched as a programmatic dependent of the forward kernel where the GPU
   // has it (sm_90+): its blocks are scheduled while the forward kernel drains and wait in
   // griddepcontrol.wait for its results, which hides one launch latency (a few us at decode).
-  // Its layout was planned (planner.cpp combine_split_groups): at decode four thread groups over the
-  // splits and each (token, head) row in four blocks; one block per row when the rows fill the GPU.
-  constexpr int kWide = kCombineDecodeSplitGroups;
-  const bool wide = p.combine_split_groups == kWide;
+  // Its kernel, grid and block follow the plan (combine_kernel.cuh with_combine_kernel).
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(static_cast<int64_t>(p.num_tokens) * p.num_heads),
-                        wide ? CombineConfig<kWide>::kColumnSlices : CombineConfig<1>::kColumnSlices);
-  config.blockDim = dim3(wide ? CombineConfig<kWide>::kThreads : CombineConfig<1>::kThreads);
   config.stream = stream;
   cudaLaunchAttribute attribute;
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -90,14 +82,11 @@ cudaError_t launch_fwd(const SparseMlaFwdParams& p, cudaStream_t stream) {
   const bool pdl = device_has_programmatic_launch();
   config.attrs = pdl ? &attribute : nullptr;
   config.numAttrs = pdl ? 1 : 0;
-  using QElement = typename Traits::QElement;
-  if (!wide) return cudaLaunchKernelEx(&config, sparse_mla_combine_kernel<QElement, 1>, p);
-  // The grid and block above are CombineConfig<kWide>'s, which both load counts share.
-  static_assert(CombineConfig<kWide, kCombineDecodeMoreLoads>::kThreads == CombineConfig<kWide>::kThreads &&
-                CombineConfig<kWide, kCombineDecodeMoreLoads>::kColumnSlices == CombineConfig<kWide>::kColumnSlices);
-  return combine_decode_loads(p.num_splits) == kCombineDecodeMoreLoads
-             ? cudaLaunchKernelEx(&config, sparse_mla_combine_kernel<QElement, kWide, kCombineDecodeMoreLoads>, p)
-             : cudaLaunchKernelEx(&config, sparse_mla_combine_kernel<QElement, kWide>, p);
+  return with_combine_kernel<typename Traits::QElement>(p, [&](auto kernel, dim3 grid, dim3 block) {
+    config.gridDim = grid;
+    config.blockDim = block;
+    return cudaLaunchKernelEx(&config, kernel, p);
+  });
 }
 
 template <typename Traits>
@@ -114,29 +103,6 @@ int blocks_per_sm_of() {
     }
     return blocks;
   });
-}
-
-// fn(traits) for the traits of `variant` of the configuration Traits, or missing() where the
-// configuration has no such variant.
-template <typename Traits, typename Fn, typename Missing>
-auto with_variant(FwdVariant variant, Fn&& fn, Missing&& missing) {
-  switch (variant) {
-    case FwdVariant::kMain:
-      return fn(Traits{});
-    case FwdVariant::kOneStage:
-      if constexpr (Traits::kHasOneStageVariant) return fn(typename Traits::OneStage{});
-      break;
-    case FwdVariant::kDecodedFp8:
-      if constexpr (Traits::kHasDecodedFp8Variant) return fn(typename Traits::DecodedFp8{});
-      break;
-    case FwdVariant::kPairedScores:
-      if constexpr (Traits::kHasPairedScoresVariant) return fn(typename Traits::PairedScores{});
-      break;
-    case FwdVariant::kE4m3Pv:
-      if constexpr (Traits::kHasE4m3PvVariant) return fn(typename Traits::E4m3Pv{});
-      break;
-  }
-  return missing();
 }
 
 // A variant the configuration lacks runs its main kernel: the planner asks for the decode-once

@@ -10,6 +10,9 @@
 
 namespace sparse_mla {
 
+// The inline-PTX wrappers here are defined on the host instead by tests/emulation/cuda_emulation.h
+// for the CPU emulation of the kernels (SPARSE_MLA_EMULATION).
+#ifndef SPARSE_MLA_EMULATION
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -77,6 +80,8 @@ __device__ __forceinline__ void mma_16832_e4m3(float (&d)[4], const uint32_t (&a
 #endif
 }
 
+#endif  // SPARSE_MLA_EMULATION
+
 // Whether the device runs `kernel`, which calls mma_16832_e4m3, from an image compiled for
 // sm_89+: cudaSuccess, cudaErrorNoKernelImageForDevice where the image is older (sm_80 code, or
 // its PTX JIT-compiled for a newer GPU: the MMA would trap), or the attribute query's own error,
@@ -92,6 +97,7 @@ cudaError_t check_e4m3_mma_image(Kernel* kernel) {
   return attr.ptxVersion >= 89 && attr.binaryVersion >= 89 ? cudaSuccess : cudaErrorNoKernelImageForDevice;
 }
 
+#ifndef SPARSE_MLA_EMULATION
 // 2^x by the SFU alone (ex2.approx.ftz): exp2f adds a range check and a squaring for results below
 // 2^-126, which the softmax never needs (such a p is below bf16's and fp16's resolution of the row
 // sum, which is at least 1). -inf gives 0, as exp2f.
@@ -107,6 +113,13 @@ __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
   asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
+
+// Barrier of kThreads threads (whole warps) at named barrier kId (0 is __syncthreads').
+template <int kId, int kThreads>
+__device__ __forceinline__ void named_barrier_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+#endif  // SPARSE_MLA_EMULATION
 
 // Two floats -> packed pair of Element (round to nearest).
 template <typename Element>

@@ -50,9 +50,16 @@ __device__ __forceinline__ void head_group_sync(int grp) {
     __syncthreads();
   } else {
     static_assert(kHeadGroups == 2);
-    if (grp == 0) asm volatile("bar.sync 1, 128;\n" ::: "memory");  // constant ids: 3 barriers, not 16
-    else asm volatile("bar.sync 2, 128;\n" ::: "memory");
+    if (grp == 0) named_barrier_sync<1, 128>();  // constant ids: 3 barriers, not 16
+    else named_barrier_sync<2, 128>();
   }
+}
+
+// The forward kernel's grid (the header's comment), for the launch and its host emulation.
+template <typename Traits>
+dim3 fwd_grid(const SparseMlaFwdParams& p) {
+  const int head_blocks = (p.num_heads + Traits::kBlockH - 1) / Traits::kBlockH;
+  return dim3(static_cast<unsigned>(p.num_tokens) * head_blocks, p.num_splits);
 }
 
 // kSmemBytes is a template argument so that the launch size is in the kernel's name in the

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include "formats.h"
+#include "kernel_traits.h"
 
 #define SPARSE_MLA_DTYPE_SWITCH(DTYPE, NAME, ...)                  \
   [&] {                                                           \
@@ -61,3 +62,22 @@
       return __VA_ARGS__();                                 \
     }                                                       \
   }()
+
+namespace sparse_mla {
+
+// Calls f(Traits{}) with the SparseMlaFwdTraits of (dtype, format, head_size, head_groups);
+// head_size must be 512 or 576, head_groups 1 or 2.
+template <typename F>
+auto with_fwd_traits(DType dtype, KvFormat format, int head_size, int head_groups, F&& f) {
+  return SPARSE_MLA_DTYPE_SWITCH(dtype, Element, [&] {
+    return SPARSE_MLA_FORMAT_SWITCH(format, kFormat, [&] {
+      return SPARSE_MLA_HEADDIM_SWITCH(head_size, kHeadDim, [&] {
+        return SPARSE_MLA_HEADGROUPS_SWITCH(head_groups, kHeadGroups, [&] {
+          return f(SparseMlaFwdTraits<Element, kFormat, kHeadDim, kHeadGroups>{});
+        });
+      });
+    });
+  });
+}
+
+}  // namespace sparse_mla

@@ -1,0 +1,105 @@
+// C entry point of the kernel emulation, for tests/emulation/__init__.py (ctypes): the torch
+// binding's path (argument checks and plan by api.cpp) with the launch emulated on the host, and
+// the variant, split and combine layout chosen by the caller instead of the planner.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "api.h"
+#include "emulate.h"
+#include "static_switch.h"
+
+namespace sparse_mla {
+alignas(128) uint8_t smem[kEmulatedSmemBytes];
+}  // namespace sparse_mla
+
+extern "C" {
+
+// A host tensor as the checks see it (api.h TensorDesc); data null: absent.
+struct EmuTensor {
+  const void* data;
+  int32_t dtype;  // api.h ScalarType
+  int32_t dim;
+  int64_t sizes[4];
+  int64_t strides[4];  // elements
+  int64_t element_size;
+};
+
+struct EmuFwdArgs {
+  EmuTensor q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse;
+  double sm_scale;
+  int64_t topk;  // -1: indices.size(1)
+  const char* kv_cache_dtype;
+  int64_t block_heads;  // 16 or 32 (0: planned)
+  int32_t variant;      // params.h FwdVariant
+  int32_t num_splits;   // >= 1: splits of the top-k axis (the combine runs when > 1)
+  int32_t combine_split_groups;  // 1 or kCombineDecodeSplitGroups, for split launches
+  int32_t schedule;              // runtime.h emu::Schedule
+};
+
+// Runs the forward on host tensors: 0, or 1 with a message in `error` (a bad argument, named as
+// the GPU path names it; a variant the configuration lacks; what the emulation found).
+int sparse_mla_emulate_fwd(const EmuFwdArgs* args, char* error, int error_size) {
+  using namespace sparse_mla;
+  auto desc = [](const EmuTensor& t) {
+    TensorDesc d;
+    d.defined = t.data != nullptr;
+    d.data = t.data;
+    d.dtype = static_cast<ScalarType>(t.dtype);
+    d.dim = t.dim;
+    for (int i = 0; i < 4; ++i) {
+      d.sizes[i] = t.sizes[i];
+      d.strides[i] = t.strides[i];
+    }
+    d.element_size = t.element_size;
+    return d;
+  };
+  try {
+    SparseMlaFwdArgs a;
+    a.q = desc(args->q);
+    a.q_pe = desc(args->q_pe);
+    a.kv_cache = desc(args->kv_cache);
+    a.indices = desc(args->indices);
+    a.topk_len = desc(args->topk_len);
+    a.k_scale = desc(args->k_scale);
+    a.out = desc(args->out);
+    a.lse = desc(args->lse);
+    a.sm_scale = args->sm_scale;
+    a.topk = args->topk;
+    a.kv_cache_dtype = args->kv_cache_dtype;
+    a.block_heads = args->block_heads;
+    const SparseMlaFwdLaunch launch = plan_sparse_mla_fwd(a, /*require_cuda=*/false, /*num_sms=*/1);
+    if (launch.empty) return 0;
+    SparseMlaFwdParams p = launch.params;
+    p.variant = static_cast<FwdVariant>(args->variant);
+    std::vector<float> partial_out, partial_lse;
+    if (args->num_splits < 1 || args->num_splits > kMaxSplits)
+      throw ArgumentError("num_splits must be in [1, " + std::to_string(kMaxSplits) + "]");
+    if (args->num_splits > 1) {
+      if (args->combine_split_groups != 1 && args->combine_split_groups != kCombineDecodeSplitGroups)
+        throw ArgumentError("combine_split_groups must be 1 or " + std::to_string(kCombineDecodeSplitGroups));
+      const int tiles = (p.topk + 31) / 32;
+      p.num_splits = args->num_splits;
+      p.tiles_per_split = (tiles + p.num_splits - 1) / p.num_splits;
+      p.combine_split_groups = args->combine_split_groups;
+      const size_t rows = static_cast<size_t>(p.num_tokens) * p.num_heads * p.num_splits;
+      partial_out.assign(rows * kHeadSizeV, __builtin_nanf(""));
+      partial_lse.assign(rows, __builtin_nanf(""));
+      p.partial_out = partial_out.data();
+      p.partial_lse = partial_lse.data();
+    }
+    if (args->schedule < 0 || args->schedule > 2) throw ArgumentError("schedule must be 0, 1 or 2");
+    const auto schedule = static_cast<emu::Schedule>(args->schedule);
+    with_fwd_traits(launch.dtype, launch.format, p.head_size, p.head_groups, [&](auto traits) {
+      emulate_fwd<decltype(traits)>(p, schedule);
+      return 0;
+    });
+    return 0;
+  } catch (const std::exception& e) {
+    std::snprintf(error, static_cast<size_t>(error_size), "%s", e.what());
+    return 1;
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,373 @@
+// The scheduler behind cuda_emulation.h: a block's threads are fibers (ucontext) on one host
+// thread; each runs until it reaches a barrier or a warp operation, and those complete once every
+// thread they need is there. Blocks of a grid run one after another.
+#include "runtime.h"
+
+#include <ucontext.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <string>
+#include <vector>
+
+namespace emu {
+
+namespace {
+
+enum class Wait { kNone, kBarrier, kWarp, kDone };
+
+struct Copy {
+  uint8_t* dst;
+  const uint8_t* src;
+  int bytes;  // 0: zero-fill
+};
+
+struct Fiber {
+  ucontext_t context;
+  ThreadIndex index;
+  Wait wait = Wait::kNone;
+  int barrier_id = 0, barrier_count = 0, predicate = 0, barrier_result = 0;
+  WarpOp* op = nullptr;
+  std::vector<Copy> open;                  // cp.async since the last commit
+  std::deque<std::vector<Copy>> groups;    // committed, oldest first
+};
+
+constexpr size_t kStackBytes = 256 * 1024;
+
+struct Block {
+  std::vector<Fiber> fibers;
+  std::vector<std::vector<char>> stacks;
+  ucontext_t scheduler;
+  Fiber* running = nullptr;
+  const std::function<void()>* body = nullptr;
+  std::string error;
+};
+
+Block g_block;
+
+[[noreturn]] void abort_block(const std::string& what) { throw EmulationError(what); }
+
+std::string where(const Fiber& f) {
+  return "block (" + std::to_string(f.index.block_idx.x) + ", " + std::to_string(f.index.block_idx.y) + ") thread " +
+         std::to_string(f.index.thread_idx.x);
+}
+
+void suspend(Wait wait) {
+  Fiber* f = g_block.running;
+  f->wait = wait;
+  swapcontext(&f->context, &g_block.scheduler);
+  if (!g_block.error.empty()) throw EmulationError(g_block.error);  // unwinding a failed block
+}
+
+void trampoline() {
+  Fiber* f = g_block.running;
+  try {
+    (*g_block.body)();
+    if (!f->open.empty() || !f->groups.empty())
+      g_block.error = "cp.async copies still in flight when " + where(*f) + " exited";
+  } catch (const EmulationError& e) {
+    if (g_block.error.empty()) g_block.error = e.what();
+  }
+  f->wait = Wait::kDone;
+  swapcontext(&f->context, &g_block.scheduler);
+}
+
+uint16_t half_bits_at(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+float element_to_float(uint16_t v, bool bf16) {
+  if (bf16) return from_bits(static_cast<uint32_t>(v) << 16);
+  __half h;
+  std::memcpy(&h, &v, 2);
+  return __half2float(h);
+}
+
+// ldmatrix: lane l's address is row l % 8 of matrix l / 8; lane l receives, of each matrix, the
+// b16 pair (row l / 4, columns 2 (l % 4) + {0, 1}), or with .trans (rows 2 (l % 4) + {0, 1},
+// column l / 4).
+void complete_ldmatrix(Fiber* lanes) {
+  const int matrices = lanes[0].op->matrices;
+  for (int l = 0; l < 32; ++l) {
+    if (lanes[l].op->matrices != matrices || lanes[l].op->trans != lanes[0].op->trans)
+      abort_block("ldmatrix: the lanes of a warp disagree on its shape (" + where(lanes[l]) + ")");
+  }
+  for (int l = 0; l < 32; ++l) {
+    const int row = l / 4, col = 2 * (l % 4);
+    for (int m = 0; m < matrices; ++m) {
+      uint16_t e[2];
+      for (int k = 0; k < 2; ++k) {
+        const int r = lanes[0].op->trans ? col + k : row;
+        const int c = lanes[0].op->trans ? row : col + k;
+        const uint8_t* base = static_cast<const uint8_t*>(lanes[m * 8 + r].op->address);
+        e[k] = half_bits_at(base + 2 * c);
+      }
+      lanes[l].op->regs[m] = e[0] | (static_cast<uint32_t>(e[1]) << 16);
+    }
+  }
+}
+
+// mma.m16n8k16.row.col, g = lane / 4, t = lane % 4: A registers (g, 2t), (g + 8, 2t), (g, 2t + 8),
+// (g + 8, 2t + 8), each with the next column; B registers (k 2t, n g), (k 2t + 8, n g), each with
+// the next k; C/D (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1). Products exact, summed in
+// double, rounded once to fp32.
+void complete_mma(Fiber* lanes) {
+  const bool bf16 = lanes[0].op->bf16;
+  float A[16][16], B[16][8], C[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const WarpOp& op = *lanes[l].op;
+    if (op.bf16 != bf16) abort_block("mma: the lanes of a warp disagree on its type (" + where(lanes[l]) + ")");
+    const int g = l / 4, t = l % 4;
+    for (int i = 0; i < 4; ++i) {
+      const int r = g + (i & 1) * 8, c = 2 * t + (i >> 1) * 8;
+      A[r][c] = element_to_float(op.a[i] & 0xffff, bf16);
+      A[r][c + 1] = element_to_float(op.a[i] >> 16, bf16);
+    }
+    for (int i = 0; i < 2; ++i) {
+      const int k = 2 * t + i * 8;
+      B[k][g] = element_to_float(op.b[i] & 0xffff, bf16);
+      B[k + 1][g] = element_to_float(op.b[i] >> 16, bf16);
+    }
+    C[g][2 * t] = op.d[0];
+    C[g][2 * t + 1] = op.d[1];
+    C[g + 8][2 * t] = op.d[2];
+    C[g + 8][2 * t + 1] = op.d[3];
+  }
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int i = 0; i < 4; ++i) {
+      const int r = g + (i >> 1) * 8, c = 2 * t + (i & 1);
+      double acc = C[r][c];
+      for (int k = 0; k < 16; ++k) acc += static_cast<double>(A[r][k]) * B[k][c];
+      lanes[l].op->d[i] = static_cast<float>(acc);
+    }
+  }
+}
+
+void complete_warp(Fiber* lanes) {
+  const WarpOpKind kind = lanes[0].op->kind;
+  for (int l = 1; l < 32; ++l) {
+    if (lanes[l].op->kind != kind)
+      abort_block("the lanes of a warp wait at different warp operations (" + where(lanes[0]) + ", " +
+                  where(lanes[l]) + ")");
+  }
+  switch (kind) {
+    case WarpOpKind::kShfl: {
+      uint32_t v[32];
+      for (int l = 0; l < 32; ++l) v[l] = lanes[l].op->value;
+      for (int l = 0; l < 32; ++l) *lanes[l].op->result = v[lanes[l].op->src_lane & 31];
+      break;
+    }
+    case WarpOpKind::kAll: {
+      uint32_t all = 1;
+      for (int l = 0; l < 32; ++l) all &= lanes[l].op->value;
+      for (int l = 0; l < 32; ++l) *lanes[l].op->result = all;
+      break;
+    }
+    case WarpOpKind::kReduceMax: {
+      int32_t m = static_cast<int32_t>(lanes[0].op->value);
+      for (int l = 1; l < 32; ++l) m = std::max(m, static_cast<int32_t>(lanes[l].op->value));
+      for (int l = 0; l < 32; ++l) *lanes[l].op->result = static_cast<uint32_t>(m);
+      break;
+    }
+    case WarpOpKind::kLdmatrix:
+      complete_ldmatrix(lanes);
+      break;
+    case WarpOpKind::kMma:
+      complete_mma(lanes);
+      break;
+  }
+  for (int l = 0; l < 32; ++l) lanes[l].wait = Wait::kNone;
+}
+
+// Completes warp w's operation if all its lanes wait at one; returns whether it did.
+bool complete_warp_op(size_t w) {
+  Fiber* lanes = &g_block.fibers[w * 32];
+  for (int l = 0; l < 32; ++l) {
+    if (lanes[l].wait != Wait::kWarp) return false;
+  }
+  complete_warp(lanes);
+  return true;
+}
+
+// Releases the barriers every thread they need has reached; returns whether any was.
+bool complete_barriers() {
+  auto& fibers = g_block.fibers;
+  bool progressed = false;
+  int alive = 0;
+  for (const Fiber& f : fibers) alive += f.wait != Wait::kDone;
+  // Barriers by id: id 0 with every live thread, a named one with its count.
+  for (int id = 0; id < 16; ++id) {
+    int waiting = 0, count = -1, any = 0;
+    for (const Fiber& f : fibers) {
+      if (f.wait != Wait::kBarrier || f.barrier_id != id) continue;
+      if (count >= 0 && f.barrier_count != count)
+        abort_block("barrier " + std::to_string(id) + " reached with different thread counts");
+      count = f.barrier_count;
+      any |= f.predicate;
+      ++waiting;
+    }
+    if (waiting == 0) continue;
+    const int need = count == 0 ? alive : count;
+    if (waiting > need) abort_block("barrier " + std::to_string(id) + ": more threads than its count");
+    if (waiting < need) continue;
+    for (Fiber& f : fibers) {
+      if (f.wait == Wait::kBarrier && f.barrier_id == id) {
+        f.wait = Wait::kNone;
+        f.barrier_result = any;
+      }
+    }
+    progressed = true;
+  }
+  return progressed;
+}
+
+// Runs each lane of warp w that can go on until it waits or exits; returns whether any ran.
+bool run_lanes(size_t w) {
+  bool ran = false;
+  for (size_t t = w * 32; t < w * 32 + 32; ++t) {
+    Fiber& f = g_block.fibers[t];
+    if (f.wait != Wait::kNone) continue;
+    g_block.running = &f;
+    swapcontext(&g_block.scheduler, &f.context);
+    g_block.running = nullptr;
+    ran = true;
+    if (!g_block.error.empty()) throw EmulationError(g_block.error);
+  }
+  return ran;
+}
+
+// One round of the schedule; returns whether any thread went on or any wait completed.
+bool step(Schedule schedule) {
+  const size_t warps = g_block.fibers.size() / 32;
+  bool progressed = false;
+  if (schedule == Schedule::kLockstep) {
+    for (size_t w = 0; w < warps; ++w) progressed |= run_lanes(w);
+    for (size_t w = 0; w < warps; ++w) progressed |= complete_warp_op(w);
+  } else {
+    for (size_t i = 0; i < warps; ++i) {
+      const size_t w = schedule == Schedule::kWarpsAhead ? i : warps - 1 - i;
+      for (;;) {
+        const bool ran = run_lanes(w);
+        if (!complete_warp_op(w) && !ran) break;
+        progressed = true;
+      }
+    }
+  }
+  return complete_barriers() || progressed;
+}
+
+std::string describe_waits() {
+  std::string s;
+  int shown = 0;
+  for (const Fiber& f : g_block.fibers) {
+    if (f.wait == Wait::kDone || shown++ >= 8) continue;
+    s += "; " + where(f) + (f.wait == Wait::kBarrier ? " at barrier " + std::to_string(f.barrier_id) : " at a warp op");
+  }
+  return s;
+}
+
+}  // namespace
+
+const ThreadIndex& current() { return g_block.running->index; }
+
+[[noreturn]] void fail(const char* what) {
+  abort_block(std::string(what) + (g_block.running ? " (" + where(*g_block.running) + ")" : ""));
+}
+
+int barrier(int id, int count, int predicate) {
+  Fiber* f = g_block.running;
+  f->barrier_id = id;
+  f->barrier_count = count;
+  f->predicate = predicate;
+  suspend(Wait::kBarrier);
+  return f->barrier_result;
+}
+
+void warp_op(WarpOp& op) {
+  g_block.running->op = &op;
+  suspend(Wait::kWarp);
+}
+
+// The destination holds NaN bytes (0xff: NaN in bf16, fp16 and e4m3) until the copy lands.
+void cp_async(void* dst, const void* src, int bytes) {
+  std::memset(dst, 0xff, 16);
+  g_block.running->open.push_back({static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), bytes});
+}
+
+void cp_async_commit() {
+  Fiber* f = g_block.running;
+  f->groups.push_back(std::move(f->open));
+  f->open.clear();
+}
+
+void cp_async_wait(int pending) {
+  Fiber* f = g_block.running;
+  while (static_cast<int>(f->groups.size()) > pending) {
+    for (const Copy& c : f->groups.front()) {
+      if (c.bytes == 0) std::memset(c.dst, 0, 16);
+      else std::memcpy(c.dst, c.src, 16);
+    }
+    f->groups.pop_front();
+  }
+}
+
+void run_grid(dim3 grid, dim3 block, uint8_t* smem, size_t smem_bytes, const std::function<void()>& body,
+              Schedule schedule) {
+  const unsigned threads = block.x * block.y * block.z;
+  if (block.y != 1 || block.z != 1 || threads % 32 != 0 || threads > 1024)
+    throw EmulationError("run_grid: blocks of whole warps along x only");
+  auto& fibers = g_block.fibers;
+  fibers.assign(threads, Fiber{});
+  g_block.stacks.resize(threads);
+  for (auto& s : g_block.stacks) s.resize(kStackBytes);
+  g_block.body = &body;
+  for (unsigned by = 0; by < grid.y; ++by) {
+    for (unsigned bx = 0; bx < grid.x; ++bx) {
+      std::memset(smem, 0xff, smem_bytes);  // NaN until written
+      g_block.error.clear();
+      for (unsigned t = 0; t < threads; ++t) {
+        Fiber& f = fibers[t];
+        f = Fiber{};
+        f.index = ThreadIndex{make_uint3(t, 0, 0), make_uint3(bx, by, 0), block, grid};
+        getcontext(&f.context);
+        f.context.uc_stack.ss_sp = g_block.stacks[t].data();
+        f.context.uc_stack.ss_size = kStackBytes;
+        f.context.uc_link = nullptr;
+        makecontext(&f.context, trampoline, 0);
+      }
+      for (;;) {
+        bool progressed = false;
+        try {
+          progressed = step(schedule);
+        } catch (const EmulationError& e) {
+          if (g_block.error.empty()) g_block.error = e.what();
+        }
+        if (!g_block.error.empty()) break;
+        bool done = true;
+        for (const Fiber& f : fibers) done &= f.wait == Wait::kDone;
+        if (done) break;
+        if (!progressed) {
+          g_block.error = "deadlock: no thread can go on (a hang on the GPU)" + describe_waits();
+          break;
+        }
+      }
+      if (!g_block.error.empty()) {
+        // Unwind every suspended fiber so that its stack holds nothing live, then report.
+        const std::string error = g_block.error;
+        for (Fiber& f : fibers) {
+          if (f.wait == Wait::kDone) continue;
+          g_block.running = &f;
+          swapcontext(&g_block.scheduler, &f.context);
+        }
+        g_block.running = nullptr;
+        throw EmulationError(error);
+      }
+    }
+  }
+}
+
+}  // namespace emu
