@@ -327,7 +327,7 @@ void run_grid(dim3 grid, dim3 block, uint8_t* smem, size_t smem_bytes, const std
   g_block.body = &body;
   for (unsigned by = 0; by < grid.y; ++by) {
     for (unsigned bx = 0; bx < grid.x; ++bx) {
-      std::memset(smem, 0xff, smem_bytes);  // NaN until written
+      if (smem_bytes > 0) std::memset(smem, 0xff, smem_bytes);  // NaN until written
       g_block.error.clear();
       for (unsigned t = 0; t < threads; ++t) {
         Fiber& f = fibers[t];

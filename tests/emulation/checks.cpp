@@ -1,0 +1,177 @@
+// Small kernels that test the emulation itself (tests/test_emulation.py): its ldmatrix and MMA
+// fragments against a plain matrix product, and that it reports what it exists to catch.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "mma_utils.cuh"
+#include "runtime.h"
+
+namespace {
+
+using sparse_mla::ldmatrix_x2;
+using sparse_mla::ldmatrix_x4;
+using sparse_mla::ldmatrix_x4_trans;
+using sparse_mla::mma_16816;
+
+alignas(128) uint8_t g_smem[64 * 1024];
+
+// One warp: D = A B + C with A (16 x 16) row-major and B (16 x 8) stored as 16 rows of 8 (k x n,
+// read with ldmatrix .trans) or as B^T (8 rows of 16, read without), C = 1. Returns the largest
+// difference from the same product in double.
+template <typename Element>
+double mma_error(bool b_transposed_in_smem) {
+  std::mt19937 gen(1234);
+  std::normal_distribution<float> normal;
+  Element* sA = reinterpret_cast<Element*>(g_smem);
+  Element* sB = sA + 16 * 16;
+  float* sD = reinterpret_cast<float*>(sB + 16 * 8);
+  float A[16][16], B[16][8];
+  for (int r = 0; r < 16; ++r) {
+    for (int c = 0; c < 16; ++c) {
+      sA[r * 16 + c] = Element(normal(gen));
+      A[r][c] = static_cast<float>(sA[r * 16 + c]);
+    }
+  }
+  for (int k = 0; k < 16; ++k) {
+    for (int n = 0; n < 8; ++n) {
+      const Element v(normal(gen));
+      B[k][n] = static_cast<float>(v);
+      if (b_transposed_in_smem) sB[n * 16 + k] = v;
+      else sB[k * 8 + n] = v;
+    }
+  }
+  emu::run_grid(dim3(1), dim3(32), nullptr, 0, [&] {
+    const int lane = threadIdx.x;
+    uint32_t a[4], b[2];
+    // A: matrices (rows 0-7, 8-15) x (columns 0-7, 8-15), in the fragment's register order.
+    ldmatrix_x4(a, sA + (lane % 16) * 16 + (lane / 16) * 8);
+    if (b_transposed_in_smem) {
+      ldmatrix_x2(b, sB + (lane % 8) * 16 + ((lane / 8) % 2) * 8);
+    } else {
+      uint32_t r[4];
+      ldmatrix_x4_trans(r, sB + (lane % 16) * 8);
+      b[0] = r[0];
+      b[1] = r[1];
+    }
+    float d[4] = {1.f, 1.f, 1.f, 1.f};
+    mma_16816<Element>(d, a, b[0], b[1]);
+    const int g = lane / 4, t = lane % 4;
+    sD[g * 8 + 2 * t] = d[0];
+    sD[g * 8 + 2 * t + 1] = d[1];
+    sD[(g + 8) * 8 + 2 * t] = d[2];
+    sD[(g + 8) * 8 + 2 * t + 1] = d[3];
+  }, emu::Schedule::kLockstep);
+  double worst = 0;
+  for (int r = 0; r < 16; ++r) {
+    for (int n = 0; n < 8; ++n) {
+      double ref = 1.0;
+      for (int k = 0; k < 16; ++k) ref += static_cast<double>(A[r][k]) * B[k][n];
+      worst = std::fmax(worst, std::fabs(ref - sD[r * 8 + n]));
+    }
+  }
+  return worst;
+}
+
+std::string run_check(const std::string& name) {
+  if (name == "mma_bf16") return std::to_string(mma_error<__nv_bfloat16>(false));
+  if (name == "mma_fp16") return std::to_string(mma_error<__half>(false));
+  if (name == "mma_fp16_b_rows") return std::to_string(mma_error<__half>(true));
+  if (name == "shuffles") {
+    int ok = 1;
+    emu::run_grid(dim3(1), dim3(64), nullptr, 0, [&] {
+      const int lane = threadIdx.x % 32;
+      const int x = __shfl_xor_sync(~0u, lane, 5), s = __shfl_sync(~0u, lane * 3, 7);
+      const int d = __shfl_down_sync(~0u, lane, 4);
+      const int all = __all_sync(~0u, lane < 32), some = __all_sync(~0u, lane != 9);
+      const int m = __reduce_max_sync(~0u, lane == 13 ? 100 : -lane);
+      const int any = __syncthreads_or(threadIdx.x == 40);
+      if (x != (lane ^ 5) || s != 21 || d != (lane < 28 ? lane + 4 : lane) || !all || some || m != 100 || !any) ok = 0;
+    }, emu::Schedule::kLockstep);
+    return ok ? "ok" : "wrong";
+  }
+  // What the emulation must refuse (each returns its message).
+  auto error_of = [](emu::Schedule schedule, const std::function<void()>& body) -> std::string {
+    try {
+      emu::run_grid(dim3(2), dim3(64), g_smem, 1024, body, schedule);
+    } catch (const emu::EmulationError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  if (name == "shuffle_after_exit") {  // half a warp gone: the GPU would hang or be undefined
+    return error_of(emu::Schedule::kLockstep, [] {
+      if (threadIdx.x % 32 < 16) return;
+      (void)__shfl_xor_sync(~0u, 1, 1);
+    });
+  }
+  if (name == "named_barrier_short") {
+    return error_of(emu::Schedule::kLockstep, [] {
+      if (threadIdx.x < 32) sparse_mla::named_barrier_sync<1, 64>();
+    });
+  }
+  if (name == "divergent_warp_ops") {
+    return error_of(emu::Schedule::kLockstep, [] {
+      if (threadIdx.x % 32 < 16) {
+        (void)__shfl_xor_sync(~0u, 1, 1);
+      } else {
+        uint32_t r[2];
+        ldmatrix_x2(r, g_smem);
+      }
+    });
+  }
+  if (name == "copy_in_flight_at_exit") {
+    static uint8_t src[64 * 16];
+    return error_of(emu::Schedule::kLockstep, [] {
+      sparse_mla::cp_async_16(g_smem + threadIdx.x * 16, src + threadIdx.x * 16, true);
+      sparse_mla::cp_async_commit();
+    });
+  }
+  if (name == "copy_read_before_wait" || name == "copy_read_after_wait") {
+    static uint8_t src[64 * 16];
+    std::memset(src, 0x3c, sizeof(src));  // fp16 1.0 pairs
+    const bool wait = name == "copy_read_after_wait";
+    int nan = 0;
+    error_of(emu::Schedule::kLockstep, [&] {
+      sparse_mla::cp_async_16(g_smem + threadIdx.x * 16, src + threadIdx.x * 16, true);
+      sparse_mla::cp_async_commit();
+      if (wait) sparse_mla::cp_async_wait<0>();
+      __syncthreads();
+      const __half v = reinterpret_cast<const __half*>(g_smem)[(threadIdx.x * 8 + 24) % 512];
+      if (std::isnan(static_cast<float>(v))) ++nan;
+      sparse_mla::cp_async_wait<0>();
+    });
+    return std::to_string(nan);
+  }
+  if (name == "missing_barrier") {
+    // Warp 1 reads what warp 0 writes with no barrier between: only a schedule that lets warp 1
+    // run ahead shows it.
+    std::string seen;
+    for (auto schedule : {emu::Schedule::kLockstep, emu::Schedule::kWarpsAhead, emu::Schedule::kWarpsAheadReversed}) {
+      int stale = 0;
+      error_of(schedule, [&] {
+        float* s = reinterpret_cast<float*>(g_smem);
+        if (threadIdx.x < 32) s[threadIdx.x] = 1.f;
+        (void)__shfl_xor_sync(~0u, 0, 1);
+        if (threadIdx.x >= 32 && s[threadIdx.x - 32] != 1.f) ++stale;
+      });
+      seen += std::to_string(stale) + " ";
+    }
+    return seen;
+  }
+  return "unknown check " + name;
+}
+
+}  // namespace
+
+extern "C" int sparse_mla_emulator_check(const char* name, char* result, int result_size) {
+  try {
+    std::snprintf(result, static_cast<size_t>(result_size), "%s", run_check(name).c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::snprintf(result, static_cast<size_t>(result_size), "%s", e.what());
+    return 1;
+  }
+}

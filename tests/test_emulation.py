@@ -1,0 +1,162 @@
+"""The kernels' own source run on the CPU (tests/emulation): verify's bars (cases.compare against
+the fp32 reference, NaN-poisoned outputs and unreferenced cache rows) on a case matrix that
+reaches every kernel configuration and variant, split launches and every combine kernel, each in
+three warp schedules; and checks of the emulation itself (its MMA fragments against a plain
+product; the hangs, disagreeing lanes and early reads it must report). Not a GPU test: it runs
+in CI, which has none; what only a GPU shows (timing, races beyond a missing barrier, the
+hardware's own rounding) stays with the `gpu` tests."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import shutil
+
+import pytest
+import torch
+
+import emulation
+from vllm_sparse_mla_blackwell import cases
+
+pytestmark = pytest.mark.skipif(
+    emulation.nvcc() is None or shutil.which("cmake") is None,
+    reason="needs CMake and the CUDA toolkit (its headers; nvcc configures the project)")
+
+SCHEDULES = tuple(emulation.SCHEDULES)
+
+
+@pytest.fixture(scope="session")
+def emulator(tmp_path_factory) -> emulation.Emulator:
+    return emulation.Emulator(emulation.build(tmp_path_factory.mktemp("emulator")))
+
+
+def run(emulator: emulation.Emulator, case: cases.Case, **launch) -> cases.CaseResult:
+    inputs = cases.make_inputs(case, "cpu")
+    lse = torch.full((case.num_tokens, case.num_heads), float("nan"))
+    emulator.forward(inputs.q, inputs.kv_cache, inputs.indices, inputs.out, lse, sm_scale=case.sm_scale,
+                     kv_cache_dtype=inputs.kv_cache_dtype, q_pe=inputs.q_pe, topk_len=inputs.topk_len,
+                     k_scale=inputs.k_scale, topk=case.topk, block_heads=case.block_heads or 0, **launch)
+    return cases.compare(case, inputs, inputs.out, lse)
+
+
+def check(emulator, case, **launch):
+    r = run(emulator, case, **launch)
+    assert r.passed, (f"{case.label()} {launch}: rel {r.max_rel_err:.3g} (bar {cases.max_rel_err(case):g}), "
+                      f"cos {r.min_cosine:.8f}, lse {r.max_lse_err:.3g}, masked exact {r.masked_exact}, "
+                      f"all written {r.all_written}")
+
+
+# Every configuration (q dtype x cache x D x heads per block; 32-head blocks run the WideWarps
+# kernel but for fp16 q with a bf16 cache), 3 tiles with random masking.
+CONFIGURATIONS = list(itertools.product(("bf16", "fp16"), ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla"), (512, 576),
+                                        (16, 32)))
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("q_dtype,kv,head_size,block_heads", CONFIGURATIONS)
+def test_every_configuration(emulator, q_dtype, kv, head_size, block_heads, schedule):
+    case = cases.Case(head_size=head_size, num_heads=block_heads, topk=96, num_tokens=2, q_dtype=q_dtype,
+                      kv_cache_dtype=kv, masking="random", block_heads=block_heads)
+    check(emulator, case, schedule=schedule)
+
+
+VARIANTS = [
+    ("one_stage", "bf16", "bf16", 576, 16), ("one_stage", "fp16", "fp16", 512, 16),
+    ("decoded_fp8", "bf16", "fp8_e4m3", 576, 16), ("decoded_fp8", "fp16", "fp8_e4m3", 512, 32),
+    ("decoded_fp8", "bf16", "fp8_ds_mla", 576, 32), ("decoded_fp8", "fp16", "fp8_ds_mla", 512, 16),
+    ("paired_scores", "bf16", "fp8_ds_mla", 576, 16), ("paired_scores", "fp16", "fp8_ds_mla", 576, 16),
+]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("variant,q_dtype,kv,head_size,block_heads", VARIANTS)
+def test_variants(emulator, variant, q_dtype, kv, head_size, block_heads, schedule):
+    case = cases.Case(head_size=head_size, num_heads=block_heads, topk=96, num_tokens=2, q_dtype=q_dtype,
+                      kv_cache_dtype=kv, masking="random", block_heads=block_heads)
+    check(emulator, case, variant=variant, schedule=schedule)
+
+
+def test_a_variant_the_configuration_lacks_is_refused(emulator):
+    case = cases.Case(num_heads=16, topk=64, num_tokens=1, kv_cache_dtype="bf16")
+    with pytest.raises(emulation.EmulationError, match="does not exist for this configuration"):
+        run(emulator, case, variant="paired_scores")
+
+
+# Split launches: the combine kernel of one thread group, of four (decode) and of four with more
+# loads per round (65-68 splits); splits that some tokens leave empty (topk_len).
+SPLITS = [
+    dict(case=dict(num_heads=16, topk=256, num_tokens=2), num_splits=3, combine_split_groups=1),
+    dict(case=dict(num_heads=32, topk=256, num_tokens=2, block_heads=32), num_splits=4, combine_split_groups=4),
+    dict(case=dict(num_heads=16, topk=2176, num_tokens=1, head_size=512), num_splits=68, combine_split_groups=4),
+    dict(case=dict(num_heads=16, topk=256, num_tokens=4, masking="topk_len", kv_cache_dtype="fp8_ds_mla"),
+         num_splits=8, combine_split_groups=4),
+    dict(case=dict(num_heads=32, topk=160, num_tokens=3, block_heads=32, q_dtype="fp16", kv_cache_dtype="fp8_e4m3"),
+         num_splits=2, combine_split_groups=1),
+]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("split", SPLITS, ids=lambda s: f"{s['num_splits']}x{s['combine_split_groups']}")
+def test_split_launches(emulator, split, schedule):
+    check(emulator, cases.Case(**split["case"]), num_splits=split["num_splits"],
+          combine_split_groups=split["combine_split_groups"], schedule=schedule)
+
+
+# Masking, layouts and inputs verify's matrix covers, on the 32-head kernels (WideWarps) and the
+# 16-head ones.
+INPUTS = [
+    dict(masking="invalid"), dict(masking="all_masked"), dict(masking="causal", num_tokens=5),
+    dict(masking="topk_len"), dict(layout="strided"), dict(layout="split_q"), dict(index_width=150),
+    dict(num_heads=20), dict(num_heads=40), dict(num_tokens=1), dict(sm_scale=cases.SM_SCALES[1]),
+    dict(block_size=16, topk=70), dict(value_scale_log2=20), dict(value_scale_log2=-20),
+    # The lazy rescale's rising maxima (fp16 P: fp16 caches, fp8 caches).
+    dict(row_ramp=3.0, kv_cache_dtype="fp16", q_dtype="fp16", topk=256),
+    dict(row_ramp=16.0, kv_cache_dtype="fp8_e4m3", topk=256),
+    dict(row_ramp=3.0, kv_cache_dtype="fp8_ds_mla", topk=256),
+    dict(row_ramp=3.0, kv_cache_dtype="fp8_ds_mla", q_dtype="fp16", topk=256),
+    dict(row_spread=12, kv_cache_dtype="fp8_ds_mla"), dict(row_spread=12, kv_cache_dtype="fp8_ds_mla", q_dtype="fp16"),
+]
+
+
+@pytest.mark.parametrize("block_heads", (16, 32))
+@pytest.mark.parametrize("inputs", INPUTS, ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()))
+def test_inputs(emulator, inputs, block_heads):
+    fields = dict(num_heads=32, topk=128, num_tokens=3, block_heads=block_heads) | inputs
+    check(emulator, cases.Case(**fields), schedule=SCHEDULES[INPUTS.index(inputs) % len(SCHEDULES)])
+
+
+# The emulation itself.
+def _check(emulator: emulation.Emulator, name: str) -> str:
+    lib = emulator._lib
+    result = ctypes.create_string_buffer(4096)
+    assert lib.sparse_mla_emulator_check(name.encode(), result, len(result)) == 0, result.value.decode()
+    return result.value.decode()
+
+
+@pytest.mark.parametrize("name", ("mma_bf16", "mma_fp16", "mma_fp16_b_rows"))
+def test_mma_fragments_give_the_matrix_product(emulator, name):
+    assert float(_check(emulator, name)) < 1e-5
+
+
+def test_shuffles_votes_and_reductions(emulator):
+    assert _check(emulator, "shuffles") == "ok"
+
+
+@pytest.mark.parametrize("name,message", [
+    ("shuffle_after_exit", "deadlock: no thread can go on (a hang on the GPU)"),
+    ("named_barrier_short", "deadlock: no thread can go on (a hang on the GPU); block (0, 0) thread 0 at barrier 1"),
+    ("divergent_warp_ops", "the lanes of a warp wait at different warp operations"),
+    ("copy_in_flight_at_exit", "cp.async copies still in flight when block (0, 0) thread 0 exited"),
+])
+def test_what_would_hang_or_misbehave_on_the_gpu_is_reported(emulator, name, message):
+    assert _check(emulator, name).startswith(message)
+
+
+def test_copies_read_before_their_wait_read_nan(emulator):
+    assert int(_check(emulator, "copy_read_before_wait")) > 100  # of 128 reads
+    assert int(_check(emulator, "copy_read_after_wait")) == 0
+
+
+def test_a_missing_barrier_shows_when_the_reading_warp_runs_ahead(emulator):
+    # Stale reads per schedule: lockstep, warps ahead, warps ahead reversed (2 blocks x 32 reads).
+    assert _check(emulator, "missing_barrier").split() == ["0", "0", "64"]
