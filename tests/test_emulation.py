@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import shutil
 
 import pytest
 import torch
@@ -18,9 +17,7 @@ import torch
 import emulation
 from vllm_sparse_mla_blackwell import cases
 
-pytestmark = pytest.mark.skipif(
-    emulation.nvcc() is None or shutil.which("cmake") is None,
-    reason="needs CMake and the CUDA toolkit (its headers; nvcc configures the project)")
+pytestmark = pytest.mark.skipif(emulation.unavailable() is not None, reason=str(emulation.unavailable()))
 
 SCHEDULES = tuple(emulation.SCHEDULES)
 

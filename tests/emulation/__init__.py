@@ -36,13 +36,20 @@ def nvcc() -> str | None:
     return found or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
 
 
-def build(build_dir: pathlib.Path, jobs: int = 2) -> pathlib.Path:
-    """Configures the project in ``build_dir`` (tests on, no torch module) and builds the
-    emulator library; returns its path. Raises subprocess.CalledProcessError with CMake's
-    output."""
+def unavailable() -> str | None:
+    """Why the emulator cannot be built here (a pytest skip reason), or None."""
+    if nvcc() is None or shutil.which("cmake") is None:
+        return "needs CMake and the CUDA toolkit (its headers; nvcc configures the project)"
+    return None
+
+
+def build(build_dir: pathlib.Path, jobs: int = 2, root: pathlib.Path = ROOT) -> pathlib.Path:
+    """Configures the project at ``root`` (this checkout, or a copy with a change applied) in
+    ``build_dir`` (tests on, no torch module) and builds the emulator library; returns its path.
+    Raises subprocess.CalledProcessError with CMake's output."""
     env = dict(os.environ)
     env.setdefault("CUDACXX", nvcc() or "nvcc")
-    for cmd in (["cmake", "-S", str(ROOT), "-B", str(build_dir), "-DSPARSE_MLA_BUILD_TESTS=ON",
+    for cmd in (["cmake", "-S", str(root), "-B", str(build_dir), "-DSPARSE_MLA_BUILD_TESTS=ON",
                  "-DSPARSE_MLA_BUILD_TORCH=OFF", "-DGLM53_ARCHS=80", "-DCMAKE_BUILD_TYPE=Release"],
                 ["cmake", "--build", str(build_dir), "--target", "sparse_mla_emulator", "-j", str(jobs)]):
         run = subprocess.run(cmd, env=env, capture_output=True, text=True)
