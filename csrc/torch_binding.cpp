@@ -137,20 +137,7 @@ void concat_and_cache_cuda(const at::Tensor& kv_c, const std::optional<at::Tenso
   const auto args = cache_args(kv_c, k_pe, kv_cache, slot_mapping, k_scale, kv_cache_dtype);
   const auto launch = checked([&] { return sparse_mla::check_concat_and_cache(args, true); });
   const c10::cuda::CUDAGuard guard(kv_c.device());
-  sparse_mla::ConcatAndCacheParams p{};
-  p.kv_c = kv_c.data_ptr();
-  p.kv_c_stride = kv_c.stride(0);
-  p.k_pe = k_pe.has_value() ? k_pe->data_ptr() : nullptr;
-  p.k_pe_stride = k_pe.has_value() ? k_pe->stride(0) : 0;
-  p.kv_cache = static_cast<uint8_t*>(kv_cache.data_ptr());
-  p.kv_row_stride = kv_cache.stride(kv_cache.dim() - 2) * kv_cache.element_size();
-  p.kv_block_stride = kv_cache.dim() == 3 ? kv_cache.stride(0) * kv_cache.element_size() : 0;
-  p.block_size = launch.block_size;
-  p.slot_mapping = slot_mapping.data_ptr<int64_t>();
-  p.num_rows = launch.num_rows;
-  p.k_scale = k_scale.has_value() ? k_scale->data_ptr<float>() : nullptr;
-  p.num_tokens = static_cast<int>(kv_c.size(0));
-  const cudaError_t err = sparse_mla::launch_concat_and_cache(p, launch.dtype, launch.format,
+  const cudaError_t err = sparse_mla::launch_concat_and_cache(launch.params, launch.dtype, launch.format,
                                                               at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "concat_and_cache_sparse_mla launch failed: ", cudaGetErrorString(err));
 }

@@ -17,6 +17,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def emulator(tmp_path_factory):
+    """The kernel emulation (tests/emulation), built once per session."""
+    import emulation
+
+    if emulation.unavailable():
+        pytest.skip(emulation.unavailable())
+    return emulation.Emulator(emulation.build(tmp_path_factory.mktemp("emulator")))
+
+
 @pytest.fixture
 def same_package_env():
     """``env(**extra)``: this process's environment plus ``extra``, with PYTHONPATH leading first

@@ -22,11 +22,6 @@ pytestmark = pytest.mark.skipif(emulation.unavailable() is not None, reason=str(
 SCHEDULES = tuple(emulation.SCHEDULES)
 
 
-@pytest.fixture(scope="session")
-def emulator(tmp_path_factory) -> emulation.Emulator:
-    return emulation.Emulator(emulation.build(tmp_path_factory.mktemp("emulator")))
-
-
 def run(emulator: emulation.Emulator, case: cases.Case, **launch) -> cases.CaseResult:
     inputs = cases.make_inputs(case, "cpu")
     lse = torch.full((case.num_tokens, case.num_heads), float("nan"))

@@ -398,6 +398,19 @@ ConcatAndCacheLaunch check_concat_and_cache(const ConcatAndCacheArgs& a, bool re
   check_k_scale(a.k_scale, launch.format, same_device);
   require_disjoint(a.kv_cache, "kv_cache", a.kv_c, "kv_c");
   require_disjoint(a.kv_cache, "kv_cache", a.k_pe, "k_pe");
+  ConcatAndCacheParams& p = launch.params;
+  p.kv_c = a.kv_c.data;
+  p.kv_c_stride = a.kv_c.strides[0];
+  p.k_pe = a.k_pe.defined ? a.k_pe.data : nullptr;
+  p.k_pe_stride = a.k_pe.defined ? a.k_pe.strides[0] : 0;
+  p.kv_cache = static_cast<uint8_t*>(const_cast<void*>(a.kv_cache.data));
+  p.kv_row_stride = a.kv_cache.strides[a.kv_cache.dim - 2] * a.kv_cache.element_size;
+  p.kv_block_stride = a.kv_cache.dim == 3 ? a.kv_cache.strides[0] * a.kv_cache.element_size : 0;
+  p.block_size = launch.block_size;
+  p.slot_mapping = static_cast<const int64_t*>(a.slot_mapping.data);
+  p.num_rows = launch.num_rows;
+  p.k_scale = a.k_scale.defined ? static_cast<const float*>(a.k_scale.data) : nullptr;
+  p.num_tokens = static_cast<int>(T);
   return launch;
 }
 

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cache_write.h"
 #include "formats.h"
 #include "params.h"
 #include "planner.h"
@@ -75,6 +76,7 @@ struct ConcatAndCacheLaunch {
   DType dtype;       // of kv_c / k_pe
   int64_t num_rows;    // cache rows (slots 0 .. num_rows - 1)
   int64_t block_size;  // rows per block: slot s is row s % block_size of block s / block_size
+  ConcatAndCacheParams params;  // the kernel's, from the tensors
 };
 ConcatAndCacheLaunch check_concat_and_cache(const ConcatAndCacheArgs& args, bool require_cuda);
 

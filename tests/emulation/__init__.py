@@ -1,7 +1,8 @@
 """The CUDA kernels' own source run on a CPU (cuda_emulation.h, runtime.cpp): ``build`` compiles
 the emulator library with CMake (target ``sparse_mla_emulator``, a host build of every kernel
 configuration), ``Emulator.forward`` runs the forward on CPU tensors through the same argument
-checks as the GPU op, with the kernel variant, split and combine layout chosen by the caller.
+checks as the GPU op, with the kernel variant, split and combine layout chosen by the caller;
+``Emulator.concat_and_cache`` the cache writer.
 Slow (each CUDA thread a fiber): cases of a few tokens and tiles."""
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ class _FwdArgs(ctypes.Structure):
         ("combine_split_groups", ctypes.c_int32), ("schedule", ctypes.c_int32)]
 
 
+class _CacheArgs(ctypes.Structure):
+    _fields_ = [(name, _Tensor) for name in ("kv_c", "k_pe", "kv_cache", "slot_mapping", "k_scale")] + [
+        ("kv_cache_dtype", ctypes.c_char_p), ("schedule", ctypes.c_int32)]
+
+
 def _describe(t: torch.Tensor | None) -> _Tensor:
     d = _Tensor()
     if t is None:
@@ -90,7 +96,10 @@ class Emulator:
     def __init__(self, library: pathlib.Path):
         self._lib = ctypes.CDLL(str(library))
         self._lib.sparse_mla_emulate_fwd.argtypes = [ctypes.POINTER(_FwdArgs), ctypes.c_char_p, ctypes.c_int]
-        self._lib.sparse_mla_emulate_fwd.restype = ctypes.c_int
+        self._lib.sparse_mla_emulate_concat_and_cache.argtypes = [ctypes.POINTER(_CacheArgs), ctypes.c_char_p,
+                                                                  ctypes.c_int]
+        for entry in (self._lib.sparse_mla_emulate_fwd, self._lib.sparse_mla_emulate_concat_and_cache):
+            entry.restype = ctypes.c_int
 
     def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
                 lse: torch.Tensor, *, sm_scale: float, kv_cache_dtype: str, q_pe: torch.Tensor | None = None,
@@ -115,6 +124,25 @@ class Emulator:
         args.num_splits = num_splits
         args.combine_split_groups = combine_split_groups
         args.schedule = SCHEDULES[schedule]
+        self._call(self._lib.sparse_mla_emulate_fwd, args)
+
+    def concat_and_cache(self, kv_c: torch.Tensor, k_pe: torch.Tensor | None, kv_cache: torch.Tensor,
+                         slot_mapping: torch.Tensor, kv_cache_dtype: str, k_scale: torch.Tensor | None = None,
+                         *, schedule: str = "lockstep") -> None:
+        """The cache writer (``ops.concat_and_cache_sparse_mla``'s kernel) on CPU tensors: kv_c
+        ``[T, 512]``, k_pe ``[T, 64]`` or None, the cache ``[num_blocks, block_size, W]`` or
+        ``[num_rows, W]`` written in place, slot_mapping int64 ``[T]`` (-1 and slots outside the
+        cache skipped). Raises EmulationError."""
+        args = _CacheArgs()
+        for name, t in dict(kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping,
+                            k_scale=k_scale).items():
+            setattr(args, name, _describe(t))
+        args.kv_cache_dtype = kv_cache_dtype.encode()
+        args.schedule = SCHEDULES[schedule]
+        self._call(self._lib.sparse_mla_emulate_concat_and_cache, args)
+
+    @staticmethod
+    def _call(entry, args) -> None:
         error = ctypes.create_string_buffer(4096)
-        if self._lib.sparse_mla_emulate_fwd(ctypes.byref(args), error, len(error)) != 0:
+        if entry(ctypes.byref(args), error, len(error)) != 0:
             raise EmulationError(error.value.decode(errors="replace"))

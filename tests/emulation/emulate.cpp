@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "api.h"
+#include "cache_write_kernel.cuh"
 #include "emulate.h"
 #include "static_switch.h"
 
@@ -14,8 +15,7 @@ namespace sparse_mla {
 alignas(128) uint8_t smem[kEmulatedSmemBytes];
 }  // namespace sparse_mla
 
-extern "C" {
-
+// The argument structs, as tests/emulation/__init__.py mirrors them (ctypes).
 // A host tensor as the checks see it (api.h TensorDesc); data null: absent.
 struct EmuTensor {
   const void* data;
@@ -38,33 +38,51 @@ struct EmuFwdArgs {
   int32_t schedule;              // runtime.h emu::Schedule
 };
 
+struct EmuCacheArgs {
+  EmuTensor kv_c, k_pe, kv_cache, slot_mapping, k_scale;
+  const char* kv_cache_dtype;
+  int32_t schedule;  // runtime.h emu::Schedule
+};
+
+namespace {
+
+sparse_mla::TensorDesc tensor_desc(const EmuTensor& t) {
+  sparse_mla::TensorDesc d;
+  d.defined = t.data != nullptr;
+  d.data = t.data;
+  d.dtype = static_cast<sparse_mla::ScalarType>(t.dtype);
+  d.dim = t.dim;
+  for (int i = 0; i < 4; ++i) {
+    d.sizes[i] = t.sizes[i];
+    d.strides[i] = t.strides[i];
+  }
+  d.element_size = t.element_size;
+  return d;
+}
+
+emu::Schedule checked_schedule(int32_t schedule) {
+  if (schedule < 0 || schedule > 2) throw sparse_mla::ArgumentError("schedule must be 0, 1 or 2");
+  return static_cast<emu::Schedule>(schedule);
+}
+
+}  // namespace
+
+extern "C" {
+
 // Runs the forward on host tensors: 0, or 1 with a message in `error` (a bad argument, named as
 // the GPU path names it; a variant the configuration lacks; what the emulation found).
 int sparse_mla_emulate_fwd(const EmuFwdArgs* args, char* error, int error_size) {
   using namespace sparse_mla;
-  auto desc = [](const EmuTensor& t) {
-    TensorDesc d;
-    d.defined = t.data != nullptr;
-    d.data = t.data;
-    d.dtype = static_cast<ScalarType>(t.dtype);
-    d.dim = t.dim;
-    for (int i = 0; i < 4; ++i) {
-      d.sizes[i] = t.sizes[i];
-      d.strides[i] = t.strides[i];
-    }
-    d.element_size = t.element_size;
-    return d;
-  };
   try {
     SparseMlaFwdArgs a;
-    a.q = desc(args->q);
-    a.q_pe = desc(args->q_pe);
-    a.kv_cache = desc(args->kv_cache);
-    a.indices = desc(args->indices);
-    a.topk_len = desc(args->topk_len);
-    a.k_scale = desc(args->k_scale);
-    a.out = desc(args->out);
-    a.lse = desc(args->lse);
+    a.q = tensor_desc(args->q);
+    a.q_pe = tensor_desc(args->q_pe);
+    a.kv_cache = tensor_desc(args->kv_cache);
+    a.indices = tensor_desc(args->indices);
+    a.topk_len = tensor_desc(args->topk_len);
+    a.k_scale = tensor_desc(args->k_scale);
+    a.out = tensor_desc(args->out);
+    a.lse = tensor_desc(args->lse);
     a.sm_scale = args->sm_scale;
     a.topk = args->topk;
     a.kv_cache_dtype = args->kv_cache_dtype;
@@ -89,11 +107,39 @@ int sparse_mla_emulate_fwd(const EmuFwdArgs* args, char* error, int error_size) 
       p.partial_out = partial_out.data();
       p.partial_lse = partial_lse.data();
     }
-    if (args->schedule < 0 || args->schedule > 2) throw ArgumentError("schedule must be 0, 1 or 2");
-    const auto schedule = static_cast<emu::Schedule>(args->schedule);
+    const auto schedule = checked_schedule(args->schedule);
     with_fwd_traits(launch.dtype, launch.format, p.head_size, p.head_groups, [&](auto traits) {
       emulate_fwd<decltype(traits)>(p, schedule);
       return 0;
+    });
+    return 0;
+  } catch (const std::exception& e) {
+    std::snprintf(error, static_cast<size_t>(error_size), "%s", e.what());
+    return 1;
+  }
+}
+
+// The cache writer on host tensors (the torch binding's checks, cache_write_kernel.cuh's kernel,
+// one block of 128 threads per token): 0, or 1 with a message in `error`.
+int sparse_mla_emulate_concat_and_cache(const EmuCacheArgs* args, char* error, int error_size) {
+  using namespace sparse_mla;
+  try {
+    ConcatAndCacheArgs a;
+    a.kv_c = tensor_desc(args->kv_c);
+    a.k_pe = tensor_desc(args->k_pe);
+    a.kv_cache = tensor_desc(args->kv_cache);
+    a.slot_mapping = tensor_desc(args->slot_mapping);
+    a.k_scale = tensor_desc(args->k_scale);
+    a.kv_cache_dtype = args->kv_cache_dtype;
+    const ConcatAndCacheLaunch launch = check_concat_and_cache(a, /*require_cuda=*/false);
+    const ConcatAndCacheParams& p = launch.params;
+    if (p.num_tokens == 0) return 0;
+    const auto schedule = checked_schedule(args->schedule);
+    SPARSE_MLA_DTYPE_SWITCH(launch.dtype, Element, [&] {
+      SPARSE_MLA_FORMAT_SWITCH(launch.format, kFormat, [&] {
+        emu::run_grid(dim3(p.num_tokens), dim3(128), nullptr, 0, [&] { concat_and_cache_kernel<Element, kFormat>(p); },
+                      schedule);
+      });
     });
     return 0;
   } catch (const std::exception& e) {

@@ -1,0 +1,97 @@
+"""The cache writer (``ops.concat_and_cache_sparse_mla``'s CUDA kernel) against the reference
+writer, byte for byte: on the GPU (marker ``gpu``) and, everywhere, its kernel in the CPU emulation
+(tests/emulation)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import emulation
+from vllm_sparse_mla_blackwell import ops, reference
+
+
+@pytest.fixture(params=[pytest.param("cuda", marks=pytest.mark.gpu), "emulated"])
+def writer(request):
+    """(device, write): the op on the GPU, or the emulated kernel on CPU tensors."""
+    if request.param == "cuda":
+        return "cuda", ops.concat_and_cache_sparse_mla
+    if emulation.unavailable():
+        pytest.skip(emulation.unavailable())
+    return "cpu", request.getfixturevalue("emulator").concat_and_cache
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["bfloat16", "float16", "fp8_e4m3", "fp8_ds_mla"])
+@pytest.mark.parametrize("rope", [True, False])
+def test_cache_writer_matches_reference_bytes(writer, kv_cache_dtype, rope):
+    device, write = writer
+    torch.manual_seed(3)
+    T, D = 37, 576 if rope else 512
+    kv_c = torch.randn(T, 512, device=device, dtype=torch.bfloat16) * 3
+    k_pe = torch.randn(T, 64, device=device, dtype=torch.bfloat16) if rope else None
+    slots = torch.randperm(64, device=device)[:T]
+    slots[::5] = -1
+    width = {"bfloat16": D, "float16": D, "fp8_e4m3": D, "fp8_ds_mla": 656}[kv_cache_dtype]
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(kv_cache_dtype, torch.uint8)
+    k_scale = torch.tensor([0.37], device=device) if kv_cache_dtype == "fp8_e4m3" else None
+    got = torch.zeros(4, 16, width, device=device, dtype=dtype)
+    want = got.clone()
+    write(kv_c, k_pe, got, slots, kv_cache_dtype, k_scale)
+    reference.write_kv_cache_reference(kv_c, k_pe, want, slots, kv_cache_dtype, k_scale)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_cache_writer_never_writes_outside_the_cache(writer):
+    """Slots >= num_rows (and -1) are skipped: a guard region after the cache stays intact."""
+    device, write = writer
+    storage = torch.full((3 * 16, 576), 7.0, device=device, dtype=torch.bfloat16)
+    cache = storage[:32].view(2, 16, 576)  # rows 32.. are the guard region
+    slots = torch.tensor([0, 32, 40, -1, 2**40], device=device)
+    write(torch.ones(5, 512, device=device, dtype=torch.bfloat16), torch.ones(5, 64, device=device, dtype=torch.bfloat16),
+          cache, slots, "auto")
+    synchronize(device)
+    assert (storage[0] == 1).all() and (storage[1:] == 7.0).all()
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["bfloat16", "float16", "fp8_e4m3", "fp8_ds_mla"])
+@pytest.mark.parametrize("rope", [True, False])
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_cache_writer_block_outer_layout(writer, kv_cache_dtype, rope, block_size):
+    """vLLM 0.33 lays GLM-5.3-Flash's cache out block-outer: each layer's ``[num_blocks,
+    block_size, W]`` view has a block stride of several caches' rows. The writer must address
+    (block, offset) through that stride, skip -1 and out-of-range slots, and leave the other
+    caches' rows of each block untouched."""
+    device, write = writer
+    torch.manual_seed(5)
+    num_blocks, T, D = 6, 70, 576 if rope else 512
+    width = {"bfloat16": D, "float16": D, "fp8_e4m3": D, "fp8_ds_mla": 656}[kv_cache_dtype]
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(kv_cache_dtype, torch.uint8)
+    # Three caches share each block; the layer under test owns the middle one.
+    row_bytes = width * torch.empty((), dtype=dtype).element_size()
+    storage = torch.full((num_blocks, 3 * block_size, row_bytes), 0x55, device=device, dtype=torch.uint8).view(dtype)
+    got = storage[:, block_size : 2 * block_size]
+    assert got.stride(0) == 3 * block_size * width
+    want_storage = storage.clone()
+    want = want_storage[:, block_size : 2 * block_size]
+    kv_c = torch.randn(T, 512, device=device, dtype=torch.bfloat16) * 3
+    k_pe = torch.randn(T, 64, device=device, dtype=torch.bfloat16) if rope else None
+    slots = torch.randperm(num_blocks * block_size, device=device)[:T]
+    slots[::7] = -1
+    slots[3::11] = num_blocks * block_size + torch.arange(len(slots[3::11]), device=device) * 5
+    k_scale = torch.tensor([0.37], device=device) if kv_cache_dtype == "fp8_e4m3" else None
+    write(kv_c, k_pe, got, slots, kv_cache_dtype, k_scale)
+    reference.write_kv_cache_reference(kv_c, k_pe, want, slots, kv_cache_dtype, k_scale)
+    synchronize(device)
+    written = (slots >= 0) & (slots < num_blocks * block_size)
+    assert 40 < int(written.sum()) < T
+    assert torch.equal(storage.view(torch.uint8), want_storage.view(torch.uint8))
+    # The written rows are the tokens', read back through the flat slot -> (block, offset) map.
+    rows = reference.dequantize_kv_cache(got, kv_cache_dtype, D, k_scale)
+    full = kv_c.float() if k_pe is None else torch.cat([kv_c, k_pe], -1).float()
+    s = slots[written]
+    torch.testing.assert_close(rows[s], full[written], rtol=0.07, atol=0.07)
