@@ -11,9 +11,10 @@
 # skips them (they would test whatever else is installed). Environment: CHECK_ARCHS (default 90:
 # the H200), CHECK_LIB (default /tmp/device_checks/lib: where build installs the package and
 # every other step imports it from, ahead of PYTHONPATH; a later call on the same machine may
-# leave out build), PYTEST_ARGS (default: tests/test_kernel_gpu.py tests/test_ceilings_gpu.py;
-# split at whitespace, so no quoted arguments). Exits 0 when every step passed, 1 when one failed
-# or was skipped, 2 on bad arguments (before anything runs).
+# leave out build), PYTEST_ARGS (default: the gpu-marked tests of tests/test_kernel_gpu.py,
+# tests/test_cache_writer.py and tests/test_ceilings_gpu.py; split at whitespace, so no quoted
+# arguments). Exits 0 when every step passed, 1 when one failed or was skipped, 2 on bad
+# arguments (before anything runs).
 set -uo pipefail
 [ $# -ge 1 ] || { sed -n '2,16p' "$0" >&2; exit 2; }
 out=$(realpath -m "$1"); shift
@@ -28,7 +29,7 @@ done
 lib=$(realpath -m "${CHECK_LIB:-/tmp/device_checks/lib}")
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$lib${PYTHONPATH:+:$PYTHONPATH}"
-read -r -a pytest_args <<< "${PYTEST_ARGS:-tests/test_kernel_gpu.py tests/test_ceilings_gpu.py}"
+read -r -a pytest_args <<< "${PYTEST_ARGS:--m gpu tests/test_kernel_gpu.py tests/test_cache_writer.py tests/test_ceilings_gpu.py}"
 mkdir -p "$out"
 : > "$out/summary.txt"
 
