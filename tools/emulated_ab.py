@@ -59,10 +59,16 @@ def run_launches(emulator: emulation.Emulator) -> list[tuple[cases.CaseResult, t
     for (case, launch), schedule in itertools.product(LAUNCHES, emulation.SCHEDULES):
         inputs = cases.make_inputs(case, "cpu")
         lse = torch.full((case.num_tokens, case.num_heads), float("nan"))
-        emulator.forward(inputs.q, inputs.kv_cache, inputs.indices, inputs.out, lse, sm_scale=case.sm_scale,
-                         kv_cache_dtype=inputs.kv_cache_dtype, q_pe=inputs.q_pe, topk_len=inputs.topk_len,
-                         k_scale=inputs.k_scale, topk=case.topk, block_heads=case.block_heads or 0,
-                         schedule=schedule, **launch)
+        try:
+            emulator.forward(inputs.q, inputs.kv_cache, inputs.indices, inputs.out, lse, sm_scale=case.sm_scale,
+                             kv_cache_dtype=inputs.kv_cache_dtype, q_pe=inputs.q_pe, topk_len=inputs.topk_len,
+                             k_scale=inputs.k_scale, topk=case.topk, block_heads=case.block_heads or 0,
+                             schedule=schedule, **launch)
+        except emulation.EmulationError as e:  # a hang or the like: a failed launch, named in the table
+            nan = float("nan")
+            results.append((cases.CaseResult(case, nan, nan, nan, False, False, False, note=str(e)),
+                            torch.empty(0), torch.empty(0)))
+            continue
         results.append((cases.compare(case, inputs, inputs.out, lse), inputs.out.clone(), lse))
     return results
 
@@ -117,6 +123,10 @@ def main() -> int:
         print(f"| {name} | {b.case.label()} | {max(r[1].max_rel_err for r in group):.3g} | "
               f"{max(r[2].max_rel_err for r in group):.3g} | {all(r[2].passed for r in group)} | "
               f"{all(r[3] for r in group)} |")
+    for name, b, c, _ in rows:
+        for which, r in (("this tree", b), (name, c)):
+            if r.note:
+                print(f"{which}: {r.case.label()}: {r.note}")
     for name, _ in changes:
         mine = [r for r in rows if r[0] == name]
         print(f"{name}: {sum(r[2].passed for r in mine)} of {launches_per_change} launches pass, "

@@ -25,26 +25,33 @@ template <typename Element>
 double mma_error(bool b_transposed_in_smem) {
   std::mt19937 gen(1234);
   std::normal_distribution<float> normal;
+  // A and B are staged here and copied into shared memory by the kernel (which starts on NaN).
+  static Element hA[16 * 16], hB[16 * 8];
   Element* sA = reinterpret_cast<Element*>(g_smem);
   Element* sB = sA + 16 * 16;
   float* sD = reinterpret_cast<float*>(sB + 16 * 8);
   float A[16][16], B[16][8];
   for (int r = 0; r < 16; ++r) {
     for (int c = 0; c < 16; ++c) {
-      sA[r * 16 + c] = Element(normal(gen));
-      A[r][c] = static_cast<float>(sA[r * 16 + c]);
+      hA[r * 16 + c] = Element(normal(gen));
+      A[r][c] = static_cast<float>(hA[r * 16 + c]);
     }
   }
   for (int k = 0; k < 16; ++k) {
     for (int n = 0; n < 8; ++n) {
       const Element v(normal(gen));
       B[k][n] = static_cast<float>(v);
-      if (b_transposed_in_smem) sB[n * 16 + k] = v;
-      else sB[k * 8 + n] = v;
+      if (b_transposed_in_smem) hB[n * 16 + k] = v;
+      else hB[k * 8 + n] = v;
     }
   }
-  emu::run_grid(dim3(1), dim3(32), nullptr, 0, [&] {
+  emu::run_grid(dim3(1), dim3(32), g_smem, 16 * 16 * 2 + 16 * 8 * 2 + 16 * 8 * 4, [&] {
     const int lane = threadIdx.x;
+    if (lane == 0) {
+      std::memcpy(sA, hA, sizeof(hA));
+      std::memcpy(sB, hB, sizeof(hB));
+    }
+    __syncthreads();
     uint32_t a[4], b[2];
     // A: matrices (rows 0-7, 8-15) x (columns 0-7, 8-15), in the fragment's register order.
     ldmatrix_x4(a, sA + (lane % 16) * 16 + (lane / 16) * 8);
@@ -122,6 +129,27 @@ std::string run_check(const std::string& name) {
       }
     });
   }
+  if (name == "divergent_barrier_sites") {  // bar.sync is .aligned: one call site per warp
+    return error_of(emu::Schedule::kLockstep, [] {
+      if (threadIdx.x % 2) {
+        __syncthreads();
+      } else {
+        __syncthreads();
+      }
+    });
+  }
+  if (name == "named_barrier_with_exited_lanes") {  // a warp arrives with its live threads
+    return error_of(emu::Schedule::kLockstep, [] {
+      if (threadIdx.x >= 48) return;
+      sparse_mla::named_barrier_sync<1, 64>();
+    });
+  }
+  if (name == "ldmatrix_misaligned") {
+    return error_of(emu::Schedule::kLockstep, [] {
+      uint32_t r[2];
+      ldmatrix_x2(r, g_smem + 8 + (threadIdx.x % 16) * 16);
+    });
+  }
   if (name == "copy_in_flight_at_exit") {
     static uint8_t src[64 * 16];
     return error_of(emu::Schedule::kLockstep, [] {
@@ -161,12 +189,27 @@ std::string run_check(const std::string& name) {
     }
     return seen;
   }
+  if (name == "missing_warp_sync") {
+    // Lane l reads what lane l - 1 wrote, with no warp operation between: only the schedule that
+    // runs a warp's lanes from the last shows it.
+    std::string seen;
+    for (auto schedule : {emu::Schedule::kLockstep, emu::Schedule::kWarpsAhead, emu::Schedule::kWarpsAheadReversed}) {
+      int stale = 0;
+      error_of(schedule, [&] {
+        float* s = reinterpret_cast<float*>(g_smem);
+        s[threadIdx.x] = 1.f;
+        if (threadIdx.x % 32 > 0 && s[threadIdx.x - 1] != 1.f) ++stale;
+      });
+      seen += std::to_string(stale) + " ";
+    }
+    return seen;
+  }
   return "unknown check " + name;
 }
 
 }  // namespace
 
-extern "C" int sparse_mla_emulator_check(const char* name, char* result, int result_size) {
+extern "C" [[gnu::visibility("default")]] int sparse_mla_emulator_check(const char* name, char* result, int result_size) {
   try {
     std::snprintf(result, static_cast<size_t>(result_size), "%s", run_check(name).c_str());
     return 0;

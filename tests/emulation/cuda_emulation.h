@@ -39,9 +39,19 @@ struct ThreadIndex {
 };
 const ThreadIndex& current();
 
+// Where in the kernels' source an operation is called: lanes must agree on it for barriers,
+// ldmatrix and mma (.aligned in PTX). From default arguments, so code the compiler duplicates
+// keeps its site.
+struct Site {
+  const char* file;
+  int line;
+  bool operator!=(const Site& o) const { return line != o.line || std::strcmp(file, o.file) != 0; }
+};
+#define EMU_SITE_ARG ::emu::Site site = {__builtin_FILE(), __builtin_LINE()}
+
 // Block-wide barrier `id` of `count` threads (count 0: every thread of the block that has not
-// exited, as __syncthreads); returns the OR of the threads' `predicate`.
-int barrier(int id, int count, int predicate);
+// exited, as __syncthreads), reached from `site`; returns the OR of the threads' `predicate`.
+int barrier(int id, int count, int predicate, const Site& site);
 
 // Warp-wide operations: the calling lane posts its operands and sleeps until all 32 lanes of its
 // warp have posted the same kind of operation, which the scheduler then completes for all.
@@ -62,7 +72,8 @@ struct WarpOp {
   float* d = nullptr;
   bool bf16 = false;
 };
-void warp_op(WarpOp& op);
+// `site` must be the same in every lane for ldmatrix and mma (.aligned).
+void warp_op(WarpOp& op, const Site& site = {"", 0});
 
 // cp.async of one thread: copies queue in groups and land at cp.async.wait_group.
 void cp_async(void* dst, const void* src, int bytes);
@@ -89,12 +100,14 @@ inline float from_bits(uint32_t u) {
 #define blockDim (::emu::current().block_dim)
 #define gridDim (::emu::current().grid_dim)
 
-inline void __syncthreads() { emu::barrier(0, 0, 0); }
-inline int __syncthreads_or(int predicate) { return emu::barrier(0, 0, predicate != 0); }
+inline void __syncthreads(EMU_SITE_ARG) { emu::barrier(0, 0, 0, site); }
+inline int __syncthreads_or(int predicate, EMU_SITE_ARG) { return emu::barrier(0, 0, predicate != 0, site); }
 [[noreturn]] inline void __trap() { emu::fail("__trap() reached"); }
 
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline float max(float a, float b) { return std::fmax(a, b); }
 
 template <typename T>
 inline T __ldg(const T* p) {
@@ -106,7 +119,8 @@ inline int __float_as_int(float x) { return static_cast<int>(emu::bits(x)); }
 inline float __uint_as_float(unsigned x) { return emu::from_bits(x); }
 inline unsigned __float_as_uint(float x) { return emu::bits(x); }
 
-// Byte s of the 8 bytes {y, x} (x the low word) for each selector nibble (PTX prmt, default mode).
+// Byte s of the 8 bytes {y, x} (x the low word) for each selector nibble's low 3 bits (CUDA's
+// __byte_perm; PTX prmt's bit 3 would replicate the sign, which __byte_perm does not use).
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   const uint64_t v = (static_cast<uint64_t>(y) << 32) | x;
   unsigned r = 0;
@@ -149,7 +163,7 @@ T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32) {
 template <typename T>
 T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = 32) {
   if (width != 32) emu::fail("__shfl_down_sync with width != 32");
-  const int src = emu::lane_id() + static_cast<int>(delta);
+  const int src = emu::lane_id() + static_cast<int>(delta & 31);
   return emu::shfl(mask, var, src < 32 ? src : emu::lane_id());
 }
 inline int __all_sync(unsigned mask, int predicate) {
@@ -170,6 +184,8 @@ inline int __reduce_max_sync(unsigned mask, int value) {
   emu::warp_op(op);
   return static_cast<int>(r);
 }
+// The unsigned overload is not emulated: it would order otherwise (redux.sync.max.u32).
+unsigned __reduce_max_sync(unsigned mask, unsigned value) = delete;
 
 // mma_utils.cuh's inline-PTX wrappers, on the host.
 namespace sparse_mla {
@@ -181,27 +197,27 @@ void cp_async_wait() {
   emu::cp_async_wait(N);
 }
 
-inline void ldmatrix(uint32_t* r, const void* smem, int matrices, bool trans) {
+inline void ldmatrix(uint32_t* r, const void* smem, int matrices, bool trans, const emu::Site& site) {
   emu::WarpOp op{emu::WarpOpKind::kLdmatrix};
   op.address = smem;
   op.matrices = matrices;
   op.trans = trans;
   op.regs = r;
-  emu::warp_op(op);
+  emu::warp_op(op, site);
 }
-inline void ldmatrix_x4(uint32_t (&r)[4], const void* smem) { ldmatrix(r, smem, 4, false); }
-inline void ldmatrix_x2(uint32_t (&r)[2], const void* smem) { ldmatrix(r, smem, 2, false); }
-inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) { ldmatrix(r, smem, 4, true); }
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* smem, EMU_SITE_ARG) { ldmatrix(r, smem, 4, false, site); }
+inline void ldmatrix_x2(uint32_t (&r)[2], const void* smem, EMU_SITE_ARG) { ldmatrix(r, smem, 2, false, site); }
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem, EMU_SITE_ARG) { ldmatrix(r, smem, 4, true, site); }
 
 template <typename Element>
-void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, EMU_SITE_ARG) {
   emu::WarpOp op{emu::WarpOpKind::kMma};
   op.a = a;
   op.b[0] = b0;
   op.b[1] = b1;
   op.d = d;
   op.bf16 = std::is_same_v<Element, __nv_bfloat16>;
-  emu::warp_op(op);
+  emu::warp_op(op, site);
 }
 // The e4m3 MMA (sm_89+, the measuring variant E4m3Pv) is not emulated.
 inline void mma_16832_e4m3(float (&)[4], const uint32_t (&)[4], uint32_t, uint32_t) {
@@ -227,8 +243,8 @@ inline uint32_t hmul2(uint32_t a, uint32_t b) {
 }
 
 template <int kId, int kThreads>
-void named_barrier_sync() {
-  emu::barrier(kId, kThreads, 0);
+void named_barrier_sync(EMU_SITE_ARG) {
+  emu::barrier(kId, kThreads, 0, site);
 }
 
 }  // namespace sparse_mla

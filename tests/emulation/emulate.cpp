@@ -71,7 +71,7 @@ extern "C" {
 
 // Runs the forward on host tensors: 0, or 1 with a message in `error` (a bad argument, named as
 // the GPU path names it; a variant the configuration lacks; what the emulation found).
-int sparse_mla_emulate_fwd(const EmuFwdArgs* args, char* error, int error_size) {
+[[gnu::visibility("default")]] int sparse_mla_emulate_fwd(const EmuFwdArgs* args, char* error, int error_size) {
   using namespace sparse_mla;
   try {
     SparseMlaFwdArgs a;
@@ -121,7 +121,7 @@ int sparse_mla_emulate_fwd(const EmuFwdArgs* args, char* error, int error_size) 
 
 // The cache writer on host tensors (the torch binding's checks, cache_write_kernel.cuh's kernel,
 // one block of 128 threads per token): 0, or 1 with a message in `error`.
-int sparse_mla_emulate_concat_and_cache(const EmuCacheArgs* args, char* error, int error_size) {
+[[gnu::visibility("default")]] int sparse_mla_emulate_concat_and_cache(const EmuCacheArgs* args, char* error, int error_size) {
   using namespace sparse_mla;
   try {
     ConcatAndCacheArgs a;

@@ -13,6 +13,8 @@
 
 namespace emu {
 
+void check_shared_16(const void* p, const char* what);
+
 namespace {
 
 enum class Wait { kNone, kBarrier, kWarp, kDone };
@@ -27,7 +29,9 @@ struct Fiber {
   ucontext_t context;
   ThreadIndex index;
   Wait wait = Wait::kNone;
+  bool started = false;
   int barrier_id = 0, barrier_count = 0, predicate = 0, barrier_result = 0;
+  Site site{"", 0};  // of the barrier or warp operation it waits at
   WarpOp* op = nullptr;
   std::vector<Copy> open;                  // cp.async since the last commit
   std::deque<std::vector<Copy>> groups;    // committed, oldest first
@@ -42,6 +46,9 @@ struct Block {
   Fiber* running = nullptr;
   const std::function<void()>* body = nullptr;
   std::string error;
+  uint8_t* smem = nullptr;  // the block's dynamic shared memory
+  size_t smem_bytes = 0;
+  bool reversed_lanes = false;
 };
 
 Block g_block;
@@ -64,9 +71,9 @@ void trampoline() {
   Fiber* f = g_block.running;
   try {
     (*g_block.body)();
-    if (!f->open.empty() || !f->groups.empty())
+    if ((!f->open.empty() || !f->groups.empty()) && g_block.error.empty())
       g_block.error = "cp.async copies still in flight when " + where(*f) + " exited";
-  } catch (const EmulationError& e) {
+  } catch (const std::exception& e) {  // anything else would end the host process
     if (g_block.error.empty()) g_block.error = e.what();
   }
   f->wait = Wait::kDone;
@@ -95,6 +102,7 @@ void complete_ldmatrix(Fiber* lanes) {
     if (lanes[l].op->matrices != matrices || lanes[l].op->trans != lanes[0].op->trans)
       abort_block("ldmatrix: the lanes of a warp disagree on its shape (" + where(lanes[l]) + ")");
   }
+  for (int l = 0; l < 8 * matrices; ++l) check_shared_16(lanes[l].op->address, "ldmatrix");
   for (int l = 0; l < 32; ++l) {
     const int row = l / 4, col = 2 * (l % 4);
     for (int m = 0; m < matrices; ++m) {
@@ -149,8 +157,9 @@ void complete_mma(Fiber* lanes) {
 
 void complete_warp(Fiber* lanes) {
   const WarpOpKind kind = lanes[0].op->kind;
+  const bool aligned = kind == WarpOpKind::kLdmatrix || kind == WarpOpKind::kMma;
   for (int l = 1; l < 32; ++l) {
-    if (lanes[l].op->kind != kind)
+    if (lanes[l].op->kind != kind || (aligned && lanes[l].site != lanes[0].site))
       abort_block("the lanes of a warp wait at different warp operations (" + where(lanes[0]) + ", " +
                   where(lanes[l]) + ")");
   }
@@ -193,27 +202,40 @@ bool complete_warp_op(size_t w) {
   return true;
 }
 
-// Releases the barriers every thread they need has reached; returns whether any was.
+// Releases the barriers that have every warp they need; returns whether any was. As bar.sync: a
+// warp arrives when all its threads that have not exited are there (at one call site), barrier 0
+// (__syncthreads) needs every warp with such threads, a named barrier count / 32 warps.
 bool complete_barriers() {
   auto& fibers = g_block.fibers;
+  const size_t warps = fibers.size() / 32;
   bool progressed = false;
-  int alive = 0;
-  for (const Fiber& f : fibers) alive += f.wait != Wait::kDone;
-  // Barriers by id: id 0 with every live thread, a named one with its count.
   for (int id = 0; id < 16; ++id) {
-    int waiting = 0, count = -1, any = 0;
-    for (const Fiber& f : fibers) {
-      if (f.wait != Wait::kBarrier || f.barrier_id != id) continue;
-      if (count >= 0 && f.barrier_count != count)
-        abort_block("barrier " + std::to_string(id) + " reached with different thread counts");
-      count = f.barrier_count;
-      any |= f.predicate;
-      ++waiting;
+    int arrived = 0, live_warps = 0, count = -1, any = 0;
+    for (size_t w = 0; w < warps; ++w) {
+      int live = 0, here = 0;
+      Site site{"", 0};
+      for (size_t t = w * 32; t < w * 32 + 32; ++t) {
+        const Fiber& f = fibers[t];
+        if (f.wait == Wait::kDone) continue;
+        ++live;
+        if (f.wait != Wait::kBarrier || f.barrier_id != id) continue;
+        if (count >= 0 && f.barrier_count != count)
+          abort_block("barrier " + std::to_string(id) + " reached with different thread counts");
+        if (here > 0 && f.site != site)
+          abort_block("the lanes of a warp wait at barrier " + std::to_string(id) + " from different call sites (" +
+                      where(f) + ")");
+        count = f.barrier_count;
+        site = f.site;
+        ++here;
+      }
+      live_warps += live > 0;
+      arrived += live > 0 && here == live;
     }
-    if (waiting == 0) continue;
-    const int need = count == 0 ? alive : count;
-    if (waiting > need) abort_block("barrier " + std::to_string(id) + ": more threads than its count");
-    if (waiting < need) continue;
+    if (count < 0) continue;
+    const int need = count == 0 ? live_warps : count / 32;
+    if (arrived > need) abort_block("barrier " + std::to_string(id) + ": more warps than its count");
+    if (arrived < need) continue;
+    for (const Fiber& f : fibers) any |= f.wait == Wait::kBarrier && f.barrier_id == id && f.predicate;
     for (Fiber& f : fibers) {
       if (f.wait == Wait::kBarrier && f.barrier_id == id) {
         f.wait = Wait::kNone;
@@ -228,9 +250,10 @@ bool complete_barriers() {
 // Runs each lane of warp w that can go on until it waits or exits; returns whether any ran.
 bool run_lanes(size_t w) {
   bool ran = false;
-  for (size_t t = w * 32; t < w * 32 + 32; ++t) {
-    Fiber& f = g_block.fibers[t];
+  for (size_t i = 0; i < 32; ++i) {
+    Fiber& f = g_block.fibers[w * 32 + (g_block.reversed_lanes ? 31 - i : i)];
     if (f.wait != Wait::kNone) continue;
+    f.started = true;
     g_block.running = &f;
     swapcontext(&g_block.scheduler, &f.context);
     g_block.running = nullptr;
@@ -278,8 +301,9 @@ const ThreadIndex& current() { return g_block.running->index; }
   abort_block(std::string(what) + (g_block.running ? " (" + where(*g_block.running) + ")" : ""));
 }
 
-int barrier(int id, int count, int predicate) {
+int barrier(int id, int count, int predicate, const Site& site) {
   Fiber* f = g_block.running;
+  f->site = site;
   f->barrier_id = id;
   f->barrier_count = count;
   f->predicate = predicate;
@@ -287,13 +311,22 @@ int barrier(int id, int count, int predicate) {
   return f->barrier_result;
 }
 
-void warp_op(WarpOp& op) {
+void warp_op(WarpOp& op, const Site& site) {
+  g_block.running->site = site;
   g_block.running->op = &op;
   suspend(Wait::kWarp);
 }
 
+void check_shared_16(const void* p, const char* what) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0 || b < g_block.smem || b + 16 > g_block.smem + g_block.smem_bytes)
+    fail((std::string(what) + ": a 16-byte row outside the block's shared memory or not 16-byte aligned").c_str());
+}
+
 // The destination holds NaN bytes (0xff: NaN in bf16, fp16 and e4m3) until the copy lands.
 void cp_async(void* dst, const void* src, int bytes) {
+  check_shared_16(dst, "cp.async");
+  if (bytes != 0 && reinterpret_cast<uintptr_t>(src) % 16 != 0) fail("cp.async: a source not 16-byte aligned");
   std::memset(dst, 0xff, 16);
   g_block.running->open.push_back({static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), bytes});
 }
@@ -318,8 +351,11 @@ void cp_async_wait(int pending) {
 void run_grid(dim3 grid, dim3 block, uint8_t* smem, size_t smem_bytes, const std::function<void()>& body,
               Schedule schedule) {
   const unsigned threads = block.x * block.y * block.z;
-  if (block.y != 1 || block.z != 1 || threads % 32 != 0 || threads > 1024)
-    throw EmulationError("run_grid: blocks of whole warps along x only");
+  if (block.y != 1 || block.z != 1 || threads % 32 != 0 || threads > 1024 || grid.z != 1)
+    throw EmulationError("run_grid: blocks of whole warps along x, grids along x and y only");
+  g_block.smem = smem;
+  g_block.smem_bytes = smem_bytes;
+  g_block.reversed_lanes = schedule == Schedule::kWarpsAheadReversed;
   auto& fibers = g_block.fibers;
   fibers.assign(threads, Fiber{});
   g_block.stacks.resize(threads);
@@ -359,7 +395,7 @@ void run_grid(dim3 grid, dim3 block, uint8_t* smem, size_t smem_bytes, const std
         // Unwind every suspended fiber so that its stack holds nothing live, then report.
         const std::string error = g_block.error;
         for (Fiber& f : fibers) {
-          if (f.wait == Wait::kDone) continue;
+          if (f.wait == Wait::kDone || !f.started) continue;  // one never started has nothing to unwind
           g_block.running = &f;
           swapcontext(&g_block.scheduler, &f.context);
         }
