@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import re
+import threading
 
 import pytest
 import torch
@@ -193,3 +194,32 @@ def test_every_shared_array_of_the_kernels_is_static_or_extern():
              if re.search(r"\b__shared__\b", line) and not re.search(r"\b(static|extern)\s+__shared__\b", line)
              and not line.strip().startswith("//")]
     assert not plain, plain
+
+
+def test_zero_tokens_and_empty_tensors_take_the_gpu_paths_checks(emulator):
+    # An empty tensor is given, not absent: zero tokens are a no-op, an empty k_scale is refused.
+    q = torch.zeros(0, 16, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(64, 576, dtype=torch.bfloat16)
+    emulator.forward(q, kv, torch.zeros(0, 64, dtype=torch.int32), torch.zeros(0, 16, 512, dtype=torch.bfloat16),
+                     torch.zeros(0, 16), sm_scale=0.1, kv_cache_dtype="auto")
+    emulator.concat_and_cache(torch.zeros(0, 512, dtype=torch.bfloat16), None, kv[:, :512].clone(),
+                              torch.zeros(0, dtype=torch.int64), "auto")
+    cache = torch.zeros(64, 576, dtype=torch.uint8)
+    with pytest.raises(emulation.EmulationError, match="k_scale"):
+        emulator.concat_and_cache(torch.ones(2, 512, dtype=torch.bfloat16), torch.ones(2, 64, dtype=torch.bfloat16),
+                                  cache, torch.arange(2), "fp8_e4m3", torch.zeros(0))
+    assert (cache == 0).all()
+    with pytest.raises(emulation.EmulationError, match="variant must be one of"):
+        run(emulator, cases.Case(num_heads=16, topk=64, num_tokens=1), variant="nope")
+
+
+def test_calls_from_two_threads_take_turns(emulator):
+    case = cases.Case(num_heads=16, topk=64, num_tokens=2)
+    results = []
+    threads = [threading.Thread(target=lambda: results.extend(run(emulator, case) for _ in range(3)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 6 and all(r.passed for r in results)

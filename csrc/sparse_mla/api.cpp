@@ -398,6 +398,8 @@ ConcatAndCacheLaunch check_concat_and_cache(const ConcatAndCacheArgs& a, bool re
   check_k_scale(a.k_scale, launch.format, same_device);
   require_disjoint(a.kv_cache, "kv_cache", a.kv_c, "kv_c");
   require_disjoint(a.kv_cache, "kv_cache", a.k_pe, "k_pe");
+  require_disjoint(a.kv_cache, "kv_cache", a.slot_mapping, "slot_mapping");
+  require_disjoint(a.kv_cache, "kv_cache", a.k_scale, "k_scale");
   ConcatAndCacheParams& p = launch.params;
   p.kv_c = a.kv_c.data;
   p.kv_c_stride = a.kv_c.strides[0];

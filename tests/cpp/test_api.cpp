@@ -157,6 +157,31 @@ TEST(SparseMlaFwdChecks, CpuPathAcceptsCpuTensorsOnly) {
   EXPECT_NE(error_of(a, /*require_cuda=*/true).find("q must be a CUDA tensor"), std::string::npos);
 }
 
+// The cache writer reads kv_c, k_pe, slot_mapping and k_scale while it writes the cache: none
+// may lie inside it (a slot_mapping there was overwritten mid-launch, found on the emulation).
+TEST(ConcatAndCacheChecks, TheCacheMayNotOverlapAnInput) {
+  ConcatAndCacheArgs a;
+  a.kv_c = tensor(ScalarType::kBFloat16, {4, 512}, 2);
+  a.k_pe = tensor(ScalarType::kBFloat16, {4, 64}, 2);
+  a.kv_cache = tensor(ScalarType::kUInt8, {16, 64, 576}, 1);
+  a.slot_mapping = tensor(ScalarType::kInt64, {4}, 8);
+  a.k_scale = tensor(ScalarType::kFloat32, {1}, 4);
+  a.kv_cache_dtype = "fp8_e4m3";
+  EXPECT_NO_THROW(check_concat_and_cache(a, true));
+  for (TensorDesc ConcatAndCacheArgs::*input :
+       {&ConcatAndCacheArgs::kv_c, &ConcatAndCacheArgs::k_pe, &ConcatAndCacheArgs::slot_mapping,
+        &ConcatAndCacheArgs::k_scale}) {
+    ConcatAndCacheArgs b = a;
+    (b.*input).data = static_cast<const uint8_t*>(a.kv_cache.data) + 4096;
+    try {
+      check_concat_and_cache(b, true);
+      ADD_FAILURE() << "an input inside the cache was accepted";
+    } catch (const ArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("kv_cache must not overlap"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(SplitPlan, SplitsOnlyWhenTheGridIsSmall) {
   const int64_t ws = workspace_size(132);
   // One decode token, 32 heads in 16-head blocks, topk 2048: 64 tiles -> split to fill the GPU.

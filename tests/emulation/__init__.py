@@ -12,6 +12,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import threading
 
 import torch
 
@@ -24,6 +25,10 @@ SCHEDULES = {"lockstep": 0, "warps_ahead": 1, "warps_ahead_reversed": 2}
 # api.h ScalarType
 _SCALAR_TYPES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2, torch.int32: 3, torch.int64: 4,
                  torch.uint8: 5, torch.float8_e4m3fn: 6}
+
+
+# The emulator runs one launch at a time: its block state and shared memory are global.
+_LOCK = threading.Lock()
 
 
 class EmulationError(RuntimeError):
@@ -60,7 +65,7 @@ def build(build_dir: pathlib.Path, jobs: int = 2, root: pathlib.Path = ROOT) -> 
 
 
 class _Tensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("dim", ctypes.c_int32),
+    _fields_ = [("defined", ctypes.c_int32), ("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("dim", ctypes.c_int32),
                 ("sizes", ctypes.c_int64 * 4), ("strides", ctypes.c_int64 * 4), ("element_size", ctypes.c_int64)]
 
 
@@ -76,10 +81,17 @@ class _CacheArgs(ctypes.Structure):
         ("kv_cache_dtype", ctypes.c_char_p), ("schedule", ctypes.c_int32)]
 
 
+def _named(table: dict[str, int], name: str, what: str) -> int:
+    if name not in table:
+        raise EmulationError(f"{what} must be one of {', '.join(table)}, got {name!r}")
+    return table[name]
+
+
 def _describe(t: torch.Tensor | None) -> _Tensor:
     d = _Tensor()
     if t is None:
         return d
+    d.defined = 1
     if t.device.type != "cpu" or t.dim() > 4:
         raise ValueError(f"the emulator takes CPU tensors of at most 4 dims, got {t.device} {tuple(t.shape)}")
     d.data = t.data_ptr()
@@ -120,10 +132,10 @@ class Emulator:
         args.topk = topk
         args.kv_cache_dtype = kv_cache_dtype.encode()
         args.block_heads = block_heads
-        args.variant = VARIANTS[variant]
+        args.variant = _named(VARIANTS, variant, "variant")
         args.num_splits = num_splits
         args.combine_split_groups = combine_split_groups
-        args.schedule = SCHEDULES[schedule]
+        args.schedule = _named(SCHEDULES, schedule, "schedule")
         self._call(self._lib.sparse_mla_emulate_fwd, args)
 
     def concat_and_cache(self, kv_c: torch.Tensor, k_pe: torch.Tensor | None, kv_cache: torch.Tensor,
@@ -138,11 +150,13 @@ class Emulator:
                             k_scale=k_scale).items():
             setattr(args, name, _describe(t))
         args.kv_cache_dtype = kv_cache_dtype.encode()
-        args.schedule = SCHEDULES[schedule]
+        args.schedule = _named(SCHEDULES, schedule, "schedule")
         self._call(self._lib.sparse_mla_emulate_concat_and_cache, args)
 
     @staticmethod
     def _call(entry, args) -> None:
         error = ctypes.create_string_buffer(4096)
-        if entry(ctypes.byref(args), error, len(error)) != 0:
+        with _LOCK:
+            rc = entry(ctypes.byref(args), error, len(error))
+        if rc != 0:
             raise EmulationError(error.value.decode(errors="replace"))

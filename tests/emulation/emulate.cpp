@@ -16,8 +16,10 @@ alignas(128) uint8_t smem[kEmulatedSmemBytes];
 }  // namespace sparse_mla
 
 // The argument structs, as tests/emulation/__init__.py mirrors them (ctypes).
-// A host tensor as the checks see it (api.h TensorDesc); data null: absent.
+// A host tensor as the checks see it (api.h TensorDesc). `defined` 0: absent (an empty tensor has
+// a null data pointer, so that cannot tell).
 struct EmuTensor {
+  int32_t defined;
   const void* data;
   int32_t dtype;  // api.h ScalarType
   int32_t dim;
@@ -48,7 +50,7 @@ namespace {
 
 sparse_mla::TensorDesc tensor_desc(const EmuTensor& t) {
   sparse_mla::TensorDesc d;
-  d.defined = t.data != nullptr;
+  d.defined = t.defined != 0;
   d.data = t.data;
   d.dtype = static_cast<sparse_mla::ScalarType>(t.dtype);
   d.dim = t.dim;

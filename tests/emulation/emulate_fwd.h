@@ -20,7 +20,7 @@ void emulate_fwd(const SparseMlaFwdParams& p, emu::Schedule schedule) {
       },
       [&] {
         throw emu::EmulationError("variant " + std::to_string(static_cast<int>(p.variant)) +
-                                  " does not exist for this configuration");
+                                  " (params.h FwdVariant) does not exist for this configuration");
       });
   if (p.num_splits == 1) return;
   with_combine_kernel<typename Traits::QElement>(p, [&](auto kernel, dim3 grid, dim3 block) {
