@@ -173,36 +173,32 @@ std::string run_check(const std::string& name) {
     });
     return std::to_string(nan);
   }
-  if (name == "missing_barrier") {
-    // Warp 1 reads what warp 0 writes with no barrier between: only a schedule that lets warp 1
-    // run ahead shows it.
+  // Stale reads counted by `read`, per schedule (lockstep, warps ahead, warps ahead reversed).
+  auto stale_per_schedule = [&](const std::function<void(float*, int&)>& read) {
     std::string seen;
     for (auto schedule : {emu::Schedule::kLockstep, emu::Schedule::kWarpsAhead, emu::Schedule::kWarpsAheadReversed}) {
       int stale = 0;
-      error_of(schedule, [&] {
-        float* s = reinterpret_cast<float*>(g_smem);
-        if (threadIdx.x < 32) s[threadIdx.x] = 1.f;
-        (void)__shfl_xor_sync(~0u, 0, 1);
-        if (threadIdx.x >= 32 && s[threadIdx.x - 32] != 1.f) ++stale;
-      });
+      error_of(schedule, [&] { read(reinterpret_cast<float*>(g_smem), stale); });
       seen += std::to_string(stale) + " ";
     }
     return seen;
+  };
+  if (name == "missing_barrier") {
+    // Warp 1 reads what warp 0 writes with no barrier between: only a schedule that lets warp 1
+    // run ahead shows it.
+    return stale_per_schedule([](float* s, int& stale) {
+      if (threadIdx.x < 32) s[threadIdx.x] = 1.f;
+      (void)__shfl_xor_sync(~0u, 0, 1);
+      if (threadIdx.x >= 32 && s[threadIdx.x - 32] != 1.f) ++stale;
+    });
   }
   if (name == "missing_warp_sync") {
     // Lane l reads what lane l - 1 wrote, with no warp operation between: only the schedule that
     // runs a warp's lanes from the last shows it.
-    std::string seen;
-    for (auto schedule : {emu::Schedule::kLockstep, emu::Schedule::kWarpsAhead, emu::Schedule::kWarpsAheadReversed}) {
-      int stale = 0;
-      error_of(schedule, [&] {
-        float* s = reinterpret_cast<float*>(g_smem);
-        s[threadIdx.x] = 1.f;
-        if (threadIdx.x % 32 > 0 && s[threadIdx.x - 1] != 1.f) ++stale;
-      });
-      seen += std::to_string(stale) + " ";
-    }
-    return seen;
+    return stale_per_schedule([](float* s, int& stale) {
+      s[threadIdx.x] = 1.f;
+      if (threadIdx.x % 32 > 0 && s[threadIdx.x - 1] != 1.f) ++stale;
+    });
   }
   return "unknown check " + name;
 }
