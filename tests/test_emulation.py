@@ -25,11 +25,7 @@ SCHEDULES = tuple(emulation.SCHEDULES)
 
 
 def run(emulator: emulation.Emulator, case: cases.Case, **launch) -> cases.CaseResult:
-    inputs = cases.make_inputs(case, "cpu")
-    lse = torch.full((case.num_tokens, case.num_heads), float("nan"))
-    emulator.forward(inputs.q, inputs.kv_cache, inputs.indices, inputs.out, lse, sm_scale=case.sm_scale,
-                     kv_cache_dtype=inputs.kv_cache_dtype, q_pe=inputs.q_pe, topk_len=inputs.topk_len,
-                     k_scale=inputs.k_scale, topk=case.topk, block_heads=case.block_heads or 0, **launch)
+    inputs, lse = emulator.run_case(case, **launch)
     return cases.compare(case, inputs, inputs.out, lse)
 
 

@@ -57,13 +57,8 @@ def copy_tree(dest: pathlib.Path) -> None:
 def run_launches(emulator: emulation.Emulator) -> list[tuple[cases.CaseResult, torch.Tensor, torch.Tensor]]:
     results = []
     for (case, launch), schedule in itertools.product(LAUNCHES, emulation.SCHEDULES):
-        inputs = cases.make_inputs(case, "cpu")
-        lse = torch.full((case.num_tokens, case.num_heads), float("nan"))
         try:
-            emulator.forward(inputs.q, inputs.kv_cache, inputs.indices, inputs.out, lse, sm_scale=case.sm_scale,
-                             kv_cache_dtype=inputs.kv_cache_dtype, q_pe=inputs.q_pe, topk_len=inputs.topk_len,
-                             k_scale=inputs.k_scale, topk=case.topk, block_heads=case.block_heads or 0,
-                             schedule=schedule, **launch)
+            inputs, lse = emulator.run_case(case, schedule=schedule, **launch)
         except emulation.EmulationError as e:  # a hang or the like: a failed launch, named in the table
             nan = float("nan")
             results.append((cases.CaseResult(case, nan, nan, nan, False, False, False, note=str(e)),

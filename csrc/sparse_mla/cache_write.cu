@@ -11,7 +11,7 @@ cudaError_t launch_concat_and_cache(const ConcatAndCacheParams& p, DType dtype, 
   if (p.num_tokens == 0) return cudaSuccess;
   return SPARSE_MLA_DTYPE_SWITCH(dtype, Element, [&] {
     return SPARSE_MLA_FORMAT_SWITCH(format, kFormat, [&] {
-      concat_and_cache_kernel<Element, kFormat><<<p.num_tokens, 128, 0, stream>>>(p);
+      concat_and_cache_kernel<Element, kFormat><<<p.num_tokens, kConcatAndCacheThreads, 0, stream>>>(p);
       return cudaGetLastError();
     });
   });

@@ -19,8 +19,11 @@ __device__ __forceinline__ uint8_t to_e4m3(float x) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
 }
 
+// One block per token, one warp per 128-value tile of the latent.
+constexpr int kConcatAndCacheThreads = 128;
+
 template <typename Element, KvFormat kFormat>
-__global__ void __launch_bounds__(128) concat_and_cache_kernel(const ConcatAndCacheParams p) {
+__global__ void __launch_bounds__(kConcatAndCacheThreads) concat_and_cache_kernel(const ConcatAndCacheParams p) {
   const int t = blockIdx.x;
   const int64_t slot = p.slot_mapping[t];
   if (slot < 0 || slot >= p.num_rows) return;  // -1 = padding; never write outside the cache

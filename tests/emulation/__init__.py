@@ -138,6 +138,20 @@ class Emulator:
         args.schedule = _named(SCHEDULES, schedule, "schedule")
         self._call(self._lib.sparse_mla_emulate_fwd, args)
 
+    def run_case(self, case, **launch):
+        """verify's inputs of ``case`` (``cases.make_inputs`` on the CPU: NaN-poisoned out and
+        unreferenced rows) through ``forward``; returns ``(inputs, lse)``, out written into
+        ``inputs.out`` [T, H, 512] and lse [T, H] fp32. ``launch``: forward's ``variant``,
+        ``num_splits``, ``combine_split_groups``, ``schedule``. Raises EmulationError."""
+        from vllm_sparse_mla_blackwell import cases
+
+        inputs = cases.make_inputs(case, "cpu")
+        lse = torch.full((case.num_tokens, case.num_heads), float("nan"))
+        self.forward(inputs.q, inputs.kv_cache, inputs.indices, inputs.out, lse, sm_scale=case.sm_scale,
+                     kv_cache_dtype=inputs.kv_cache_dtype, q_pe=inputs.q_pe, topk_len=inputs.topk_len,
+                     k_scale=inputs.k_scale, topk=case.topk, block_heads=case.block_heads or 0, **launch)
+        return inputs, lse
+
     def concat_and_cache(self, kv_c: torch.Tensor, k_pe: torch.Tensor | None, kv_cache: torch.Tensor,
                          slot_mapping: torch.Tensor, kv_cache_dtype: str, k_scale: torch.Tensor | None = None,
                          *, schedule: str = "lockstep") -> None:

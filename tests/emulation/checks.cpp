@@ -206,11 +206,6 @@ std::string run_check(const std::string& name) {
 }  // namespace
 
 extern "C" [[gnu::visibility("default")]] int sparse_mla_emulator_check(const char* name, char* result, int result_size) {
-  try {
-    std::snprintf(result, static_cast<size_t>(result_size), "%s", run_check(name).c_str());
-    return 0;
-  } catch (const std::exception& e) {
-    std::snprintf(result, static_cast<size_t>(result_size), "%s", e.what());
-    return 1;
-  }
+  return emu::report_errors(result, result_size,
+                            [&] { std::snprintf(result, static_cast<size_t>(result_size), "%s", run_check(name).c_str()); });
 }

@@ -75,7 +75,7 @@ extern "C" {
 // the GPU path names it; a variant the configuration lacks; what the emulation found).
 [[gnu::visibility("default")]] int sparse_mla_emulate_fwd(const EmuFwdArgs* args, char* error, int error_size) {
   using namespace sparse_mla;
-  try {
+  return emu::report_errors(error, error_size, [&] {
     SparseMlaFwdArgs a;
     a.q = tensor_desc(args->q);
     a.q_pe = tensor_desc(args->q_pe);
@@ -90,7 +90,7 @@ extern "C" {
     a.kv_cache_dtype = args->kv_cache_dtype;
     a.block_heads = args->block_heads;
     const SparseMlaFwdLaunch launch = plan_sparse_mla_fwd(a, /*require_cuda=*/false, /*num_sms=*/1);
-    if (launch.empty) return 0;
+    if (launch.empty) return;
     SparseMlaFwdParams p = launch.params;
     p.variant = static_cast<FwdVariant>(args->variant);
     std::vector<float> partial_out, partial_lse;
@@ -114,18 +114,14 @@ extern "C" {
       emulate_fwd<decltype(traits)>(p, schedule);
       return 0;
     });
-    return 0;
-  } catch (const std::exception& e) {
-    std::snprintf(error, static_cast<size_t>(error_size), "%s", e.what());
-    return 1;
-  }
+  });
 }
 
 // The cache writer on host tensors (the torch binding's checks, cache_write_kernel.cuh's kernel,
 // one block of 128 threads per token): 0, or 1 with a message in `error`.
 [[gnu::visibility("default")]] int sparse_mla_emulate_concat_and_cache(const EmuCacheArgs* args, char* error, int error_size) {
   using namespace sparse_mla;
-  try {
+  return emu::report_errors(error, error_size, [&] {
     ConcatAndCacheArgs a;
     a.kv_c = tensor_desc(args->kv_c);
     a.k_pe = tensor_desc(args->k_pe);
@@ -135,19 +131,15 @@ extern "C" {
     a.kv_cache_dtype = args->kv_cache_dtype;
     const ConcatAndCacheLaunch launch = check_concat_and_cache(a, /*require_cuda=*/false);
     const ConcatAndCacheParams& p = launch.params;
-    if (p.num_tokens == 0) return 0;
+    if (p.num_tokens == 0) return;
     const auto schedule = checked_schedule(args->schedule);
     SPARSE_MLA_DTYPE_SWITCH(launch.dtype, Element, [&] {
       SPARSE_MLA_FORMAT_SWITCH(launch.format, kFormat, [&] {
-        emu::run_grid(dim3(p.num_tokens), dim3(128), nullptr, 0, [&] { concat_and_cache_kernel<Element, kFormat>(p); },
-                      schedule);
+        emu::run_grid(dim3(p.num_tokens), dim3(kConcatAndCacheThreads), nullptr, 0,
+                      [&] { concat_and_cache_kernel<Element, kFormat>(p); }, schedule);
       });
     });
-    return 0;
-  } catch (const std::exception& e) {
-    std::snprintf(error, static_cast<size_t>(error_size), "%s", e.what());
-    return 1;
-  }
+  });
 }
 
 }  // extern "C"

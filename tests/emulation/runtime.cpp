@@ -348,6 +348,16 @@ void cp_async_wait(int pending) {
   }
 }
 
+int report_errors(char* error, int error_size, const std::function<void()>& body) {
+  try {
+    body();
+    return 0;
+  } catch (const std::exception& e) {
+    std::snprintf(error, static_cast<size_t>(error_size), "%s", e.what());
+    return 1;
+  }
+}
+
 void run_grid(dim3 grid, dim3 block, uint8_t* smem, size_t smem_bytes, const std::function<void()>& body,
               Schedule schedule) {
   const unsigned threads = block.x * block.y * block.z;

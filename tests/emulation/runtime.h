@@ -28,4 +28,7 @@ enum class Schedule { kLockstep = 0, kWarpsAhead = 1, kWarpsAheadReversed = 2 };
 void run_grid(dim3 grid, dim3 block, uint8_t* smem, size_t smem_bytes, const std::function<void()>& body,
               Schedule schedule);
 
+// The C entry points' convention: 0 after `body`, or 1 with what it threw in `error`.
+int report_errors(char* error, int error_size, const std::function<void()>& body);
+
 }  // namespace emu
