@@ -46,6 +46,51 @@ def test_cache_writer_matches_reference_bytes(writer, kv_cache_dtype, rope):
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["bfloat16", "float16", "fp8_e4m3", "fp8_ds_mla"])
+def test_cache_writer_non_finite_values_as_vllm_writes_them(writer, kv_cache_dtype):
+    """NaN and infinities in kv_c, as vLLM's writers store them (csrc/cache_kernels.cu: the tile's
+    amax by ``fmaxf``, which skips NaN, then ``__nv_cvt_float_to_fp8`` saturating to finite):
+    fp8_ds_mla keeps a NaN's tile scale finite and stores the NaN as 0x7f, an infinity makes its
+    tile's scale infinite, itself 0x7f and the tile's finite values +-0; fp8_e4m3 saturates an
+    infinity to +-448; 16-bit caches keep both. The reference writer must agree byte for byte."""
+    device, write = writer
+    torch.manual_seed(11)
+    kv_c = torch.randn(2, 512, dtype=torch.bfloat16) * 3
+    kv_c[0, 5], kv_c[0, 130], kv_c[0, 300] = float("nan"), float("inf"), -float("inf")  # tiles 0, 1, 2
+    kv_c = kv_c.to(device)
+    k_pe = torch.randn(2, 64, device=device, dtype=torch.bfloat16)
+    width = 656 if kv_cache_dtype == "fp8_ds_mla" else 576
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(kv_cache_dtype, torch.uint8)
+    got = torch.zeros(1, 16, width, device=device, dtype=dtype)
+    want = got.clone()
+    slots = torch.tensor([3, 9], device=device)
+    write(kv_c, k_pe, got, slots, kv_cache_dtype, None)
+    reference.write_kv_cache_reference(kv_c, k_pe, want, slots, kv_cache_dtype, None)
+    synchronize(device)
+    row = got[0, 3].cpu()
+    if kv_cache_dtype in ("bfloat16", "float16"):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+        assert row[5].isnan() and row[130] == float("inf") and row[300] == -float("inf")
+        return
+    assert torch.equal(got, want)
+    if kv_cache_dtype == "fp8_e4m3":
+        assert (int(row[5]), int(row[130]), int(row[300])) == (0x7F, 0x7E, 0xFE)
+        return
+    scales = row[512:528].view(torch.float32)
+    finite_amax = kv_c[0, :128].float().abs().nan_to_num(nan=0.0).amax().cpu()
+    torch.testing.assert_close(scales[0], finite_amax / 448, rtol=0, atol=0)
+    assert scales[1] == float("inf") and scales[2] == float("inf") and scales[3].isfinite()
+    assert int(row[5]) == 0x7F and int(row[130]) == 0x7F and int(row[300]) == 0x7F
+    for tile, bad in ((1, 130), (2, 300)):
+        rest = torch.cat([row[128 * tile : bad], row[bad + 1 : 128 * (tile + 1)]])
+        assert set(rest.tolist()) <= {0x00, 0x80}  # x / inf = +-0
+    # Tile 3 of the first token and all of the second, finite, decode to their values.
+    rows = reference.dequantize_kv_cache(got, "fp8_ds_mla", 576).cpu()
+    full = torch.cat([kv_c, k_pe], -1).float().cpu()
+    torch.testing.assert_close(rows[3, 384:], full[0, 384:], rtol=0.07, atol=0.07)
+    torch.testing.assert_close(rows[9], full[1], rtol=0.07, atol=0.07)
+
+
 def test_cache_writer_never_writes_outside_the_cache(writer):
     """Slots >= num_rows (and -1) are skipped: a guard region after the cache stays intact."""
     device, write = writer

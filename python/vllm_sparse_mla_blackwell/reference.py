@@ -156,6 +156,14 @@ def dequantize_kv_cache(
     return torch.cat([latent, rope], dim=-1)
 
 
+def _e4m3_bytes(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (fp32) as e4m3 bytes the way CUDA's ``__nv_cvt_float_to_fp8(x, __NV_SATFINITE,
+    __NV_E4M3)`` rounds them: saturated to +-448 (infinities too), NaN as the canonical 0x7f
+    whatever its sign."""
+    q8 = x.clamp(-formats.FP8_E4M3_MAX, formats.FP8_E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    return q8.masked_fill(x.isnan(), 0x7F)
+
+
 def quantize_fp8_ds_mla(kv_c: torch.Tensor, k_pe: torch.Tensor | None) -> torch.Tensor:
     """Encode tokens as vLLM's 656-byte ``fp8_ds_mla`` records, uint8 ``[T, 656]``.
 
@@ -163,16 +171,19 @@ def quantize_fp8_ds_mla(kv_c: torch.Tensor, k_pe: torch.Tensor | None) -> torch.
     128-value tile ``scale = max(amax / 448, FLT_MIN)``, values ``e4m3(x / scale)`` saturated. This
     keeps caches written by vLLM and by this package byte-compatible. ``k_pe`` (bf16 ``[T, 64]``)
     fills the rope bytes; ``None`` (NoPE) writes them as zeros.
+
+    Non-finite values as that kernel's ``fmaxf`` and conversion treat them: amax skips NaN, so a
+    NaN becomes the byte 0x7f beside a finite scale; an infinity makes the tile's scale infinite,
+    itself 0x7f and the tile's finite values (+-)0.
     """
     num_tokens = kv_c.shape[0]
     tiles = kv_c.float().view(num_tokens, 4, formats.FP8_DS_MLA_TILE)
     # A tensor divisor: torch turns division by a Python scalar into a multiplication by its
     # reciprocal, which is not the IEEE division vLLM's kernel (and ours) performs.
-    amax = tiles.abs().amax(dim=-1)
+    amax = tiles.abs().nan_to_num(nan=0.0, posinf=torch.inf).amax(dim=-1)
     scales = (amax / torch.full_like(amax, formats.FP8_E4M3_MAX)).clamp_min(torch.finfo(torch.float32).tiny)
-    q8 = (tiles / scales[..., None]).clamp(-formats.FP8_E4M3_MAX, formats.FP8_E4M3_MAX)
     record = torch.zeros(num_tokens, formats.FP8_DS_MLA_RECORD_BYTES, dtype=torch.uint8, device=kv_c.device)
-    record[:, : formats.KV_LORA_RANK] = q8.to(torch.float8_e4m3fn).view(torch.uint8).view(num_tokens, -1)
+    record[:, : formats.KV_LORA_RANK] = _e4m3_bytes(tiles / scales[..., None]).view(num_tokens, -1)
     record[:, formats.FP8_DS_MLA_SCALE_OFFSET : formats.FP8_DS_MLA_ROPE_OFFSET] = scales.contiguous().view(
         torch.uint8
     )
@@ -219,5 +230,4 @@ def write_kv_cache_reference(
         blocks[where] = full.to(blocks.dtype)
         return
     scale = torch.as_tensor(1.0 if k_scale is None else k_scale, dtype=torch.float32, device=full.device)
-    q8 = (full.float() / scale.reshape(1, 1).expand_as(full)).clamp(-formats.FP8_E4M3_MAX, formats.FP8_E4M3_MAX)
-    blocks.view(torch.uint8)[where] = q8.to(torch.float8_e4m3fn).view(torch.uint8)
+    blocks.view(torch.uint8)[where] = _e4m3_bytes(full.float() / scale.reshape(1, 1).expand_as(full))
