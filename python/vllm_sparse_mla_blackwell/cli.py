@@ -8,7 +8,10 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vllm_sparse_mla_blackwell", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m vllm_sparse_mla_blackwell",
+        description="Sparse-MLA attention for vLLM on consumer and workstation GPUs: check it, time it, run it in vLLM.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     v = sub.add_parser("verify", help="run the correctness case matrix on the GPU against an fp32 reference")
     v.add_argument("--quick", action="store_true", help="a small subset, for smoke tests")
