@@ -78,7 +78,8 @@ def test_cache_writer_non_finite_values_as_vllm_writes_them(writer, kv_cache_dty
         return
     scales = row[512:528].view(torch.float32)
     finite_amax = kv_c[0, :128].float().abs().nan_to_num(nan=0.0).amax().cpu()
-    torch.testing.assert_close(scales[0], finite_amax / 448, rtol=0, atol=0)
+    # A tensor divisor: IEEE division, as the kernels do (a Python scalar becomes a reciprocal).
+    torch.testing.assert_close(scales[0], finite_amax / torch.tensor(448.0), rtol=0, atol=0)
     assert scales[1] == float("inf") and scales[2] == float("inf") and scales[3].isfinite()
     assert int(row[5]) == 0x7F and int(row[130]) == 0x7F and int(row[300]) == 0x7F
     for tile, bad in ((1, 130), (2, 300)):
