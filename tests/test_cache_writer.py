@@ -57,6 +57,10 @@ def test_cache_writer_non_finite_values_as_vllm_writes_them(writer, kv_cache_dty
     torch.manual_seed(11)
     kv_c = torch.randn(2, 512, dtype=torch.bfloat16) * 3
     kv_c[0, 5], kv_c[0, 130], kv_c[0, 300] = float("nan"), float("inf"), -float("inf")  # tiles 0, 1, 2
+    # A signalling NaN beside tile 3's largest value, which the max must not lose (a host's fmaxf
+    # returns NaN for it: the emulation's must not).
+    kv_c.view(torch.int16)[0, 384] = 0x7F81
+    kv_c[0, 385] = 20.0
     kv_c = kv_c.to(device)
     k_pe = torch.randn(2, 64, device=device, dtype=torch.bfloat16)
     width = 656 if kv_cache_dtype == "fp8_ds_mla" else 576
@@ -70,26 +74,52 @@ def test_cache_writer_non_finite_values_as_vllm_writes_them(writer, kv_cache_dty
     row = got[0, 3].cpu()
     if kv_cache_dtype in ("bfloat16", "float16"):
         torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
-        assert row[5].isnan() and row[130] == float("inf") and row[300] == -float("inf")
+        assert row[5].isnan() and row[130] == float("inf") and row[300] == -float("inf") and row[384].isnan()
         return
     assert torch.equal(got, want)
     if kv_cache_dtype == "fp8_e4m3":
-        assert (int(row[5]), int(row[130]), int(row[300])) == (0x7F, 0x7E, 0xFE)
+        assert (int(row[5]), int(row[130]), int(row[300]), int(row[384])) == (0x7F, 0x7E, 0xFE, 0x7F)
         return
     scales = row[512:528].view(torch.float32)
-    finite_amax = kv_c[0, :128].float().abs().nan_to_num(nan=0.0).amax().cpu()
-    # A tensor divisor: IEEE division, as the kernels do (a Python scalar becomes a reciprocal).
-    torch.testing.assert_close(scales[0], finite_amax / torch.tensor(448.0), rtol=0, atol=0)
-    assert scales[1] == float("inf") and scales[2] == float("inf") and scales[3].isfinite()
-    assert int(row[5]) == 0x7F and int(row[130]) == 0x7F and int(row[300]) == 0x7F
+    for tile, nan_at in ((0, 5), (3, 384)):  # the scale of the tile's finite values; NaN is 0x7f
+        finite_amax = kv_c[0, 128 * tile : 128 * (tile + 1)].float().abs().nan_to_num(nan=0.0).amax().cpu()
+        # A tensor divisor: IEEE division, as the kernels do (a Python scalar becomes a reciprocal).
+        torch.testing.assert_close(scales[tile], finite_amax / torch.tensor(448.0), rtol=0, atol=0)
+        assert int(row[nan_at]) == 0x7F
+    assert scales[1] == float("inf") and scales[2] == float("inf")
+    assert int(row[130]) == 0x7F and int(row[300]) == 0x7F
     for tile, bad in ((1, 130), (2, 300)):
         rest = torch.cat([row[128 * tile : bad], row[bad + 1 : 128 * (tile + 1)]])
         assert set(rest.tolist()) <= {0x00, 0x80}  # x / inf = +-0
-    # Tile 3 of the first token and all of the second, finite, decode to their values.
+    # Tile 3's other values and all of the second token decode to their values.
     rows = reference.dequantize_kv_cache(got, "fp8_ds_mla", 576).cpu()
     full = torch.cat([kv_c, k_pe], -1).float().cpu()
-    torch.testing.assert_close(rows[3, 384:], full[0, 384:], rtol=0.07, atol=0.07)
+    keep = torch.ones(576, dtype=torch.bool)
+    keep[:384] = False
+    keep[384] = False
+    torch.testing.assert_close(rows[3, keep], full[0, keep], rtol=0.07, atol=0.07)
     torch.testing.assert_close(rows[9], full[1], rtol=0.07, atol=0.07)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["bfloat16", "float16", "fp8_e4m3", "fp8_ds_mla"])
+@pytest.mark.parametrize("num_tokens", [0, 3])
+def test_cache_writer_without_a_valid_slot_writes_nothing(writer, kv_cache_dtype, num_tokens):
+    """No token to write (none, or every slot -1 or past the cache): the cache stays as it was,
+    in the kernel and in the reference writer (which the CPU op runs)."""
+    device, write = writer
+    width = 656 if kv_cache_dtype == "fp8_ds_mla" else 576
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(kv_cache_dtype, torch.uint8)
+    cache = torch.full((2, 16, width * (2 if dtype != torch.uint8 else 1)), 0x3C, device=device,
+                       dtype=torch.uint8).view(dtype)
+    before = cache.clone()
+    kv_c = torch.randn(num_tokens, 512, device=device, dtype=torch.bfloat16)
+    k_pe = torch.randn(num_tokens, 64, device=device, dtype=torch.bfloat16)
+    slots = torch.tensor([-1, 32, 2**40][:num_tokens], device=device, dtype=torch.int64)
+    write(kv_c, k_pe, cache, slots, kv_cache_dtype, None)
+    reference.write_kv_cache_reference(kv_c, k_pe, before, slots, kv_cache_dtype, None)
+    synchronize(device)
+    assert torch.equal(cache.view(torch.uint8), torch.full_like(cache.view(torch.uint8), 0x3C))
+    assert torch.equal(before.view(torch.uint8), cache.view(torch.uint8))
 
 
 def test_cache_writer_never_writes_outside_the_cache(writer):

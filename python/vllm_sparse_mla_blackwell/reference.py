@@ -183,7 +183,7 @@ def quantize_fp8_ds_mla(kv_c: torch.Tensor, k_pe: torch.Tensor | None) -> torch.
     amax = tiles.abs().nan_to_num(nan=0.0, posinf=torch.inf).amax(dim=-1)
     scales = (amax / torch.full_like(amax, formats.FP8_E4M3_MAX)).clamp_min(torch.finfo(torch.float32).tiny)
     record = torch.zeros(num_tokens, formats.FP8_DS_MLA_RECORD_BYTES, dtype=torch.uint8, device=kv_c.device)
-    record[:, : formats.KV_LORA_RANK] = _e4m3_bytes(tiles / scales[..., None]).view(num_tokens, -1)
+    record[:, : formats.KV_LORA_RANK] = _e4m3_bytes(tiles / scales[..., None]).reshape(num_tokens, formats.KV_LORA_RANK)
     record[:, formats.FP8_DS_MLA_SCALE_OFFSET : formats.FP8_DS_MLA_ROPE_OFFSET] = scales.contiguous().view(
         torch.uint8
     )

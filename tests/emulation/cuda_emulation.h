@@ -247,4 +247,13 @@ void named_barrier_sync(EMU_SITE_ARG) {
   emu::barrier(kId, kThreads, 0, site);
 }
 
+// max.f32 on the GPU returns the other operand for any NaN, signalling ones too; the host's
+// fmaxf returns NaN for a signalling NaN. The kernels' unqualified calls find this one first.
+inline float fmaxf(float a, float b) {
+  if (std::isnan(a)) return b;
+  if (std::isnan(b)) return a;
+  if (a == b) return std::signbit(a) ? b : a;  // +0 over -0
+  return a > b ? a : b;
+}
+
 }  // namespace sparse_mla
