@@ -26,16 +26,17 @@ def test_e4m3_peak_is_measured_from_compute_capability_8_9(device):
         assert e4m3 is None
         return
     # Native e4m3 MMAs (sm_89, sm_120) run at about twice the bf16 FLOP/s; 4x would mean the
-    # compiler hoisted MMAs out of the loop (sm_90 emulates e4m3 with f16 MMAs, which it can move).
-    assert e4m3 is not None and 0 < e4m3 < 4 * bf16, (e4m3, bf16)
+    # compiler hoisted MMAs out of the loop (sm_90 emulates e4m3 with f16 MMAs, which it can move;
+    # measured 0.26x there). Below an eighth, the loop is broken.
+    assert e4m3 is not None and bf16 / 8 < e4m3 < 4 * bf16, (e4m3, bf16)
 
 
 def test_fp16_peak_is_measured_beside_bf16(device):
-    # The same m16n8k16 shape on the same pipe: far from bf16's figure means a broken loop
-    # (hoisted MMAs would read far above it, a wrong type far below).
+    # The same m16n8k16 shape at the same rate (H200: 643.8 against 648.8 TFLOP/s): off by a
+    # quarter means a broken loop (hoisted MMAs would read above it, a wrong type or count below).
     bf16 = bench.measure_mma_peak(device)
     fp16 = bench.measure_mma_peak(device, "fp16")
-    assert fp16 is not None and bf16 / 4 < fp16 < 4 * bf16, (fp16, bf16)
+    assert fp16 is not None and 0.8 * bf16 < fp16 < 1.25 * bf16, (fp16, bf16)
 
 
 def test_e4m3_op_counts_its_flops_or_names_the_missing_mma(device):

@@ -417,6 +417,26 @@ def test_fp8_ds_mla_byte_layout(rope):
             assert (rope_bytes == 0).all()
 
 
+def test_dequantize_kv_cache_decodes_hand_built_rows():
+    """The reference decoder on bytes written by hand, independent of the reference writer: e4m3
+    0x38 = 1.0, 0x40 = 2.0, 0xC0 = -2.0, 0x01 = 2^-9 (the smallest subnormal); fp8 times k_scale;
+    fp8_ds_mla's latent times its 128-value tile's fp32 scale, then its bf16 rope."""
+    e4m3 = torch.tensor([0x38, 0x40, 0xC0, 0x01], dtype=torch.uint8)
+    values = torch.tensor([1.0, 2.0, -2.0, 2.0**-9])
+    row = e4m3.repeat(144)[None]  # 576 bytes
+    torch.testing.assert_close(reference.dequantize_kv_cache(row, "fp8", 576, torch.tensor([0.5])),
+                               (values.repeat(144) * 0.5)[None], rtol=0, atol=0)
+    record = torch.zeros(1, 656, dtype=torch.uint8)
+    record[0, :512] = e4m3.repeat(128)
+    record[0, 512:528] = torch.tensor([2.0, 4.0, 0.25, 1024.0]).view(torch.uint8)
+    rope = torch.linspace(-3, 3, 64).bfloat16()
+    record[0, 528:] = rope.view(torch.uint8)
+    latent = values.repeat(128).view(4, 128) * torch.tensor([2.0, 4.0, 0.25, 1024.0])[:, None]
+    want = torch.cat([latent.view(512), rope.float()])[None]
+    torch.testing.assert_close(reference.dequantize_kv_cache(record, "fp8_ds_mla", 576), want, rtol=0, atol=0)
+    torch.testing.assert_close(reference.dequantize_kv_cache(record, "fp8_ds_mla", 512), want[:, :512], rtol=0, atol=0)
+
+
 def test_fp8_e4m3_cache_roundtrip():
     torch.manual_seed(1)
     kv_c, k_pe = torch.randn(5, 512).half(), torch.randn(5, 64).half()
