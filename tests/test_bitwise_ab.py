@@ -1,4 +1,5 @@
-"""tools/bitwise_ab.py cmp: equal folders pass, one flipped bit or a missing launch fails (CPU only)."""
+"""tools/bitwise_ab.py cmp: equal folders pass, one flipped bit or a missing launch fails; save's q dtype
+(CPU only)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,9 @@ def test_missing_launch_fails(tmp_path, capsys):
     _write(tmp_path / "b", "x.pt", out, lse)
     assert bitwise_ab.cmp(str(tmp_path / "a"), str(tmp_path / "b")) == 1
     assert "y.pt" in capsys.readouterr().out
+
+
+def test_q_dtype_follows_the_cache_unless_given():
+    assert [bitwise_ab.q_dtype_for(kv, None) for kv in bitwise_ab.KV_DTYPES] == ["bf16", "fp16", "bf16", "bf16"]
+    assert [bitwise_ab.q_dtype_for(kv, "fp16") for kv in bitwise_ab.KV_DTYPES] == ["fp16"] * 4
+    assert bitwise_ab.q_dtype_for("fp16", "bf16") == "bf16"

@@ -8,14 +8,20 @@
 # SOURCE is a source tree (a folder; "." from the repository root), or a .diff applied to a copy
 # of this repository; OUT and SOURCE are paths from the caller's directory. Environment:
 # AB_ARCHS (default 90), AB_ROUNDS (default 2), AB_KV (default bf16,fp16), AB_TOKENS (default
-# 64,1024,4096), AB_STEPS (default "build bitwise bench"). Writes OUT/build_NAME.log,
+# 64,1024,4096), AB_STEPS (default "build bitwise bench"), AB_Q (q's dtype of the bitwise
+# launches for every cache, bf16 or fp16; default: fp16 with the fp16 cache, else bf16; bench
+# times the models' bf16 q). Writes OUT/build_NAME.log,
 # OUT/bitwise_FIRST_NAME.txt, OUT/ab_NAME_R.json and OUT/compare_FIRST_NAME.txt. Exits 2 on bad
 # arguments, 1 on a failed build, save or bench run; a bitwise difference is reported and the
 # timing goes on. A device call brings back only a few files: give OUT outside the call's $OUT
 # and pack it there (tar) in the same command.
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n '2,15p' "$0" >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,17p' "$0" >&2; exit 2; }
 out=$(realpath -m "$1"); shift
+case "${AB_Q:-}" in
+  "" | bf16 | fp16) ;;
+  *) echo "ab_device: AB_Q '$AB_Q' is not bf16 or fp16" >&2; exit 2 ;;
+esac
 specs=()
 for spec in "$@"; do
   name=${spec%%=*}
@@ -57,7 +63,7 @@ done
 first=${names[0]}
 if [[ "$steps" == *" bitwise "* ]]; then
   for name in "${names[@]}"; do
-    PYTHONPATH=$work/lib_$name python3 tools/bitwise_ab.py save "$work/bw_$name" --kv "$kv" > "$out/bitwise_save_$name.txt" 2>&1 \
+    PYTHONPATH=$work/lib_$name python3 tools/bitwise_ab.py save "$work/bw_$name" --kv "$kv" ${AB_Q:+--q-dtype "$AB_Q"} > "$out/bitwise_save_$name.txt" 2>&1 \
       || { tail -5 "$out/bitwise_save_$name.txt" >&2; echo "ab_device: bitwise save of $name failed" >&2; exit 1; }
   done
   for name in "${names[@]:1}"; do

@@ -1,17 +1,17 @@
 """Bitwise A/B check of two builds: the same launches, the same inputs, compared bit for bit.
 
-    PYTHONPATH=/tmp/A python tools/bitwise_ab.py save /tmp/bw_A [--kv bf16,fp16]
-    PYTHONPATH=/tmp/B python tools/bitwise_ab.py save /tmp/bw_B [--kv bf16,fp16]
+    PYTHONPATH=/tmp/A python tools/bitwise_ab.py save /tmp/bw_A [--kv bf16,fp16] [--q-dtype fp16]
+    PYTHONPATH=/tmp/B python tools/bitwise_ab.py save /tmp/bw_B [--kv bf16,fp16] [--q-dtype fp16]
     python tools/bitwise_ab.py cmp /tmp/bw_A /tmp/bw_B
 
 For a kernel change that should not move a single output bit (addressing, instruction order,
 placement of copies), this is a stronger check than ``verify``'s error bars. ``save`` runs the op
 on D in {512, 576} x {16, 24, 32, 64, 128} heads x T in {1, 8, 64, 300} tokens x the given caches
 (topk 2048, 30 % of the slots masked; inputs from ``cases.make_inputs``, whose seeds do not depend
-on the process) and writes each launch's out and lse to FOLDER. ``cmp`` compares two such folders
-(NaN-safe: the bits are compared) and prints, per launch that differs, the largest difference;
-exit 1 if any launch differs or the folders hold different launches. Needs a CUDA GPU for
-``save``.
+on the process; q in bf16, fp16 with the fp16 cache, or --q-dtype's for every cache) and writes
+each launch's out and lse to FOLDER. ``cmp`` compares two such folders (NaN-safe: the bits are
+compared) and prints, per launch that differs, the largest difference; exit 1 if any launch
+differs or the folders hold different launches. Needs a CUDA GPU for ``save``.
 """
 
 from __future__ import annotations
@@ -27,11 +27,18 @@ HEAD_SIZES = (512, 576)
 NUM_HEADS = (16, 24, 32, 64, 128)
 NUM_TOKENS = (1, 8, 64, 300)
 KV_DTYPES = ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla")
+Q_DTYPES = ("bf16", "fp16")
 
 
-def save(folder: str, kv_dtypes: list[str]) -> None:
+def q_dtype_for(kv: str, q_dtype: str | None) -> str:
+    """q's dtype for a launch on cache ``kv``: ``q_dtype`` where given, else fp16 for the fp16
+    cache and bf16 for the others (the models' own pairs)."""
+    return q_dtype or ("fp16" if kv == "fp16" else "bf16")
+
+
+def save(folder: str, kv_dtypes: list[str], q_dtype: str | None = None) -> None:
     """Run the module docstring's launches for each cache dtype in ``kv_dtypes`` (names of
-    ``KV_DTYPES``; q is fp16 for the fp16 cache, bf16 otherwise) and write ``(out, lse)`` of each,
+    ``KV_DTYPES``; q in ``q_dtype_for(kv, q_dtype)``) and write ``(out, lse)`` of each,
     out ``[T, H, 512]`` in q's dtype and lse fp32 ``[T, H]`` on the CPU, to
     ``FOLDER/{kv}_D{head_size}_H{num_heads}_T{num_tokens}.pt``. Needs a CUDA GPU and the built
     package; the op's own errors propagate."""
@@ -41,8 +48,8 @@ def save(folder: str, kv_dtypes: list[str]) -> None:
     os.makedirs(folder, exist_ok=True)
     n = 0
     for kv, head_size, num_heads, num_tokens in itertools.product(kv_dtypes, HEAD_SIZES, NUM_HEADS, NUM_TOKENS):
-        q_dtype = "fp16" if kv == "fp16" else "bf16"
-        case = cases.Case(head_size=head_size, num_heads=num_heads, num_tokens=num_tokens, q_dtype=q_dtype,
+        case = cases.Case(head_size=head_size, num_heads=num_heads, num_tokens=num_tokens,
+                          q_dtype=q_dtype_for(kv, q_dtype),
                           kv_cache_dtype=kv, masking="random")
         inputs = cases.make_inputs(case, device)
         out, lse = ops.sparse_mla_fwd(inputs.q, inputs.kv_cache, inputs.indices, case.sm_scale,
@@ -84,6 +91,8 @@ def main() -> int:
     ap_save = sub.add_parser("save", help="run the launches and write their outputs to FOLDER")
     ap_save.add_argument("folder")
     ap_save.add_argument("--kv", default=",".join(KV_DTYPES), help=f"comma-separated cache dtypes of {KV_DTYPES}")
+    ap_save.add_argument("--q-dtype", choices=Q_DTYPES,
+                         help="q's dtype for every cache (default: fp16 with the fp16 cache, else bf16)")
     ap_cmp = sub.add_parser("cmp", help="compare two folders written by save")
     ap_cmp.add_argument("folder_a")
     ap_cmp.add_argument("folder_b")
@@ -94,7 +103,7 @@ def main() -> int:
     unknown = [kv for kv in kv_dtypes if kv not in KV_DTYPES]
     if unknown:
         ap.error(f"--kv: unknown cache dtypes {unknown}, expected some of {KV_DTYPES}")
-    save(args.folder, kv_dtypes)
+    save(args.folder, kv_dtypes, args.q_dtype)
     return 0
 
 
