@@ -2,8 +2,10 @@
 // sparse_mla_fwd_wide.cuh).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
+#include "formats.h"
 #include "mma_utils.cuh"
 #include "params.h"
 
@@ -46,6 +48,64 @@ __device__ __forceinline__ float ds_scale_norm(float smax) {
 // fp8_ds_mla scales are amax / 448 <= 2^120, so their norms are in range.
 __device__ __forceinline__ float pow2_reciprocal(float x) {
   return __uint_as_float((254u << 23) - (__float_as_uint(x) & 0x7f800000u));
+}
+
+// The epilogue's first half, the same in both families: each head's row sum l, summed over its 8
+// softmax threads (thread tid serves head tid / 8), goes to sL for the output rows; its first
+// thread writes lse, in natural log ((m + log2 l) ln 2 of the base-2 running maximum m; -inf where
+// no slot of this range was valid), to lse, or to this split's partial_lse. Ends on a barrier,
+// after which sL holds every head's l.
+__device__ __forceinline__ void write_lse(const SparseMlaFwdParams& p, float* sL, int t, int h0, int split, int tid,
+                                          int sm_h, float m_run, float l_run) {
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) l_run += __shfl_xor_sync(~0u, l_run, o);
+  if ((tid % 8) == 0) {
+    sL[sm_h] = l_run;
+    const int h = h0 + sm_h;
+    if (h < p.num_heads) {
+      const float lse = l_run > 0.f ? (m_run + log2f(l_run)) * 0.69314718055994531f : -INFINITY;
+      if (p.num_splits == 1)
+        p.lse[t * p.lse_stride_t + h * p.lse_stride_h] = lse;
+      else
+        p.partial_lse[(static_cast<int64_t>(t) * p.num_heads + h) * p.num_splits + split] = lse;
+    }
+  }
+  __syncthreads();
+}
+
+// The epilogue's second half: this thread's share of O's row h (< num_heads), its accumulators
+// times inv, to out in q's dtype, or to this split's partial_out in fp32. Runs of kRun columns,
+// one vector store each, from column col0 of the row (+ 4 kRun n: run n). Raw fp8 tiles' P V
+// leaves acc[2 n + odd][2 half + e] at column 4 (lane % 4) + 2 e + odd of 16-column chunk n, so
+// there a run is four columns and one store covers 64 contiguous bytes of a row (two half-width
+// stores would each leave every other 8 bytes unwritten; bench/HISTORY.md v23); otherwise
+// acc[n][2 half + k] is column 8 n + 2 (lane % 4) + k, runs of two.
+template <typename QElement, bool kRawOrder, int kNTiles>
+__device__ __forceinline__ void write_o_row(const SparseMlaFwdParams& p, int t, int h, int split, int col0, int half,
+                                            const float (&acc)[kNTiles][4], float inv) {
+  constexpr int kRun = kRawOrder ? 4 : 2;
+  constexpr int kRuns = kNTiles * 8 / (4 * kRun);
+  auto val = [&](int n, int k) { return (kRawOrder ? acc[2 * n + k % 2][2 * half + k / 2] : acc[n][2 * half + k]) * inv; };
+  if (p.num_splits == 1) {
+    QElement* out = static_cast<QElement*>(p.out) + t * p.out_stride_t + static_cast<int64_t>(h) * p.out_stride_h;
+#pragma unroll
+    for (int n = 0; n < kRuns; ++n) {
+      const uint32_t w0 = pack2<QElement>(val(n, 0), val(n, 1));
+      if constexpr (kRun == 4)
+        *reinterpret_cast<uint2*>(out + col0 + n * 4 * kRun) = make_uint2(w0, pack2<QElement>(val(n, 2), val(n, 3)));
+      else
+        *reinterpret_cast<uint32_t*>(out + col0 + n * 4 * kRun) = w0;
+    }
+  } else {
+    float* out = p.partial_out + ((static_cast<int64_t>(t) * p.num_heads + h) * p.num_splits + split) * kHeadSizeV;
+#pragma unroll
+    for (int n = 0; n < kRuns; ++n) {
+      if constexpr (kRun == 4)
+        *reinterpret_cast<float4*>(out + col0 + n * 4 * kRun) = make_float4(val(n, 0), val(n, 1), val(n, 2), val(n, 3));
+      else
+        *reinterpret_cast<float2*>(out + col0 + n * 4 * kRun) = make_float2(val(n, 0), val(n, 1));
+    }
+  }
 }
 
 }  // namespace sparse_mla

@@ -263,6 +263,281 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 #pragma unroll
   for (int n = 0; n < Traits::kDvPerWarp / 8; ++n) acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.f;
 
+  // 1. Partial S = Q K^T over this warp's k-steps, all 32 rows of the tile at sK / sK_bytes
+  //    (decoded fp8_ds_mla scales at sScaleK). fp8_ds_mla: the latent part is scaled per row by
+  //    scale tile wq in fp32; the bf16 rope part has scale 1. Those scales of keys
+  //    8 nt + 2 (lane % 4) + e go to key_scale, for this warp's P (phase 3).
+  auto scores = [&](const Element* sK, const uint8_t* sK_bytes, const float* sScaleK, float (&key_scale)[4][2]) {
+    // fp8_ds_mla: the scale of `key`'s scale tile wq (this warp's latent columns), from the raw
+    // record or from the decoded tile's scale buffer.
+    auto tile_scale = [&](int key) {
+      if constexpr (Traits::kRawFp8) {
+        return *reinterpret_cast<const float*>(sK_bytes + key * Traits::kSmemRowBytes + kDsMlaScaleOffset + wq * 4);
+      } else {
+        return sScaleK[key * 4 + wq];
+      }
+    };
+    float acc_s[4][4] = {};
+    float acc_rope[4][4] = {};
+    const Element* k_base = sK + ((lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) & 1) * 8;
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      if (raw_fp8_step(s)) {
+        // Matrix nt = keys 8 nt.., the step's 16 bytes read as 8 b16: thread (n = lane / 4,
+        // j = lane % 4) gets bytes 4j .. 4j + 3 of key 8 nt + n, k-steps (2j, 2j + 1) and
+        // (2j + 8, 2j + 9) in Q's permuted order.
+        static_assert(kBlockN == 32, "lane l addresses key l of the tile");
+        uint32_t r[4];
+        ldmatrix_x4(r, sK_bytes + lane * Traits::kSmemRowBytes + step_col(s));
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+          for (int part = 0; part < kQParts; ++part)
+            mma_16816<Element>(acc_s[nt], q_frag[s][part], e4m3x2_to_half2(r[nt]), e4m3x2_hi_to_half2(r[nt]));
+        }
+        continue;
+      }
+      if constexpr (Traits::kRawFp8 && Traits::kDsMla) {
+        // Raw fp8_ds_mla rope step: bf16 at record byte kDsMlaRopeOffset + 2 (column - 512).
+        // Matrix nt = keys 8 nt.., 8 columns: thread (n, j) gets columns 2j, 2j + 1 of key
+        // 8 nt + n, a B fragment in the usual order (Q's rope is not permuted), as fp16.
+        static_assert(kQParts == 1, "fp8 caches run fp16 MMAs: Q in one part");
+        uint32_t lo[4], hi[4];
+        const uint8_t* rope = sK_bytes + lane * Traits::kSmemRowBytes + kDsMlaRopeOffset + (step_col(s) - kKvLoraRank) * 2;
+        ldmatrix_x4(lo, rope);
+        ldmatrix_x4(hi, rope + 16);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+          mma_16816<Element>(acc_rope[nt], q_frag[s][0], bf16x2_to_half2(lo[nt]), bf16x2_to_half2(hi[nt]));
+        continue;
+      }
+      uint32_t b[2][4];
+      ldmatrix_x4(b[0], k_base + step_col(s));
+      ldmatrix_x4(b[1], k_base + 16 * kPitch + step_col(s));
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        float(&acc)[4] = (Traits::kDsMla && s >= kLatentSteps) ? acc_rope[nt] : acc_s[nt];
+#pragma unroll
+        for (int part = 0; part < kQParts; ++part)
+          mma_16816<Element>(acc, q_frag[s][part], b[nt / 2][(nt % 2) * 2], b[nt / 2][(nt % 2) * 2 + 1]);
+      }
+    }
+    // Partial-score buffer of warp wq (kPairedScores: of warps wq and wq + 2).
+    float* s_out = sS + (Traits::kPairedScores ? grp * kSBuf + wq % kSBuf : warp) * Traits::kSmemSPartElems +
+                   (lane / 4) * Traits::kSPitch + (lane % 4) * 2;
+    const bool adds_to_pair = Traits::kPairedScores && wq >= kSBuf;
+    if constexpr (Traits::kDsMla) {
+      // The norm of this warp's P (see kernel_traits.h) for the tile: lane r holds row r's
+      // scale of tile wq.
+      float smax = tile_scale(lane);
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) smax = fmaxf(smax, __shfl_xor_sync(~0u, smax, o));
+      ds_norm_prev = ds_norm;
+      ds_norm = ds_scale_norm(smax);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      if constexpr (Traits::kDsMla) {
+        const int key = nt * 8 + (lane % 4) * 2;
+        const float sc0 = tile_scale(key), sc1 = tile_scale(key + 1);
+        key_scale[nt][0] = sc0;
+        key_scale[nt][1] = sc1;
+        acc_s[nt][0] = sc0 * acc_s[nt][0] + acc_rope[nt][0];
+        acc_s[nt][1] = sc1 * acc_s[nt][1] + acc_rope[nt][1];
+        acc_s[nt][2] = sc0 * acc_s[nt][2] + acc_rope[nt][2];
+        acc_s[nt][3] = sc1 * acc_s[nt][3] + acc_rope[nt][3];
+      }
+      if (!adds_to_pair) {
+        *reinterpret_cast<float2*>(s_out + nt * 8) = make_float2(acc_s[nt][0], acc_s[nt][1]);
+        *reinterpret_cast<float2*>(s_out + 8 * Traits::kSPitch + nt * 8) = make_float2(acc_s[nt][2], acc_s[nt][3]);
+      }
+    }
+    if constexpr (Traits::kPairedScores) {
+      head_group_sync<Traits::kHeadGroups>(grp);  // warps 0 and 1's partial scores written
+      if (adds_to_pair) {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            float2* s_pair = reinterpret_cast<float2*>(s_out + hf * 8 * Traits::kSPitch + nt * 8);
+            const float2 v = *s_pair;
+            *s_pair = make_float2(v.x + acc_s[nt][2 * hf], v.y + acc_s[nt][2 * hf + 1]);
+          }
+        }
+      }
+    }
+  };
+
+  // 2. Online softmax over the tile in `stage`.
+  auto softmax = [&](int stage) {
+    float* s_in = sS + (sm_g * kSBuf) * Traits::kSmemSPartElems + (sm_h % 16) * Traits::kSPitch + sm_k;
+    float x[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int w = 0; w < kSBuf; ++w) {
+      const float4 s4 = *reinterpret_cast<const float4*>(s_in + w * Traits::kSmemSPartElems);
+      x[0] += s4.x;
+      x[1] += s4.y;
+      x[2] += s4.z;
+      x[3] += s4.w;
+    }
+    const int* valid = sValid + stage * kBlockN + sm_k;
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      x[i] = valid[i] ? x[i] * score_scale : -INFINITY;
+      tile_max = fmaxf(tile_max, x[i]);
+    }
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, o));
+    const float m_new = fmaxf(m_run, tile_max);
+    float alpha = 1.f, psum = 0.f;
+    float pr[4] = {0.f, 0.f, 0.f, 0.f};
+    if (m_new != -INFINITY) {  // else nothing valid so far: p = 0, state unchanged
+      alpha = exp2f(m_run - m_new);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        pr[i] = exp2f(x[i] - m_new);
+        psum += pr[i];
+      }
+    }
+    l_run = l_run * alpha + psum;  // this thread's 4 columns; summed over the 8 at the end
+    m_run = m_new;
+    if constexpr (Traits::kRegisterP) {
+      // fp32 p in place of partial score 0, which only this thread reads; each warp builds its
+      // own P from it (phase 3).
+      *reinterpret_cast<float4*>(s_in) = make_float4(pr[0], pr[1], pr[2], pr[3]);
+    } else {
+      // P rounded once to the MMA type.
+      Element* p_row = sP + sm_g * Traits::kPBuffers * Traits::kSmemPBufferElems + (sm_h % 16) * Traits::kPPitch + sm_k;
+      *reinterpret_cast<uint2*>(p_row) = make_uint2(pack2<Element>(pr[0], pr[1]), pack2<Element>(pr[2], pr[3]));
+    }
+    if ((tid % 8) == 0) sAlpha[sm_h] = alpha;
+  };
+
+  // 3. O = alpha * O + P V for this warp's 128 columns, from the tile at sK / sK_bytes.
+  auto pv = [&](const Element* sK, const uint8_t* sK_bytes, const float (&key_scale)[4][2]) {
+    float alpha0 = sAlpha[grp * 16 + lane / 4];
+    float alpha1 = sAlpha[grp * 16 + lane / 4 + 8];
+    if constexpr (Traits::kDsMla) {
+      // acc_o holds O / norm of the last tile: O / norm = alpha * (norm_prev / norm) * acc_o
+      // + P' V, exactly (powers of two); the epilogue multiplies the last norm back. The
+      // ratio stays finite while consecutive tiles' largest scales are < 2^128 apart (cache
+      // values of |x| < 2^60 and > 2^-60, or zero, always are).
+      const float ratio = ds_norm_prev * pow2_reciprocal(ds_norm);
+      alpha0 *= ratio;
+      alpha1 *= ratio;
+    }
+#pragma unroll
+    for (int n = 0; n < Traits::kDvPerWarp / 8; ++n) {
+      acc_o[n][0] *= alpha0;
+      acc_o[n][1] *= alpha0;
+      acc_o[n][2] *= alpha1;
+      acc_o[n][3] *= alpha1;
+    }
+    if constexpr (Traits::kE4m3Pv) {
+      // P' as e4m3 hi + lo in the m16n8k32 A layout: (a0, a1, a2, a3) = rows (r, r + 8) x
+      // keys (2j, 2j + 1, 8 + 2j, 9 + 2j), and those + 16 (k 4j .. 4j + 3 and + 16), which are
+      // this thread's keys of key_scale. V: lane l addresses key l of a 16-byte column chunk;
+      // ldmatrix.trans gives keys (2j, 2j + 1) of each 8-key matrix, 2 bytes each, so the even
+      // bytes of matrices 0-1 (2-3) are b0 (b1) of the chunk's even columns in the same key
+      // order, the odd bytes of its odd columns: acc_o[2 chunk + odd], the raw tiles' order.
+      const float* p_in = sS + (grp * kSBuf) * Traits::kSmemSPartElems + (lane / 4) * Traits::kSPitch + (lane % 4) * 2;
+      const float p_scale = pow2_reciprocal(ds_norm) * Traits::kE4m3PScale;
+      uint32_t a_hi[4], a_lo[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int rr = i & 1, nt = (i >> 1) * 2;  // row half, first key group
+        const float2 p0 = *reinterpret_cast<const float2*>(p_in + rr * 8 * Traits::kSPitch + nt * 8);
+        const float2 p1 = *reinterpret_cast<const float2*>(p_in + rr * 8 * Traits::kSPitch + (nt + 1) * 8);
+        e4m3x4_hi_lo(p0.x * (key_scale[nt][0] * p_scale), p0.y * (key_scale[nt][1] * p_scale),
+                     p1.x * (key_scale[nt + 1][0] * p_scale), p1.y * (key_scale[nt + 1][1] * p_scale), a_hi[i], a_lo[i]);
+      }
+      const uint8_t* v_base = sK_bytes + lane * Traits::kSmemRowBytes + wq * Traits::kDvPerWarp;
+#pragma unroll
+      for (int c = 0; c < Traits::kDvPerWarp / 16; ++c) {
+        uint32_t r[4];
+        ldmatrix_x4_trans(r, v_base + c * 16);
+#pragma unroll
+        for (int odd = 0; odd < 2; ++odd) {
+          // Into a zeroed tile first, then added in fp32: the e4m3 MMA of sm_89 (and maybe
+          // others) may keep fewer mantissa bits of its C input than fp32, which over every tile
+          // of acc_o would add up.
+          const uint32_t select = odd ? 0x7531u : 0x6420u;
+          const uint32_t b0 = __byte_perm(r[0], r[1], select), b1 = __byte_perm(r[2], r[3], select);
+          float t[4] = {0.f, 0.f, 0.f, 0.f};
+          mma_16832_e4m3(t, a_hi, b0, b1);
+          mma_16832_e4m3(t, a_lo, b0, b1);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc_o[2 * c + odd][i] += t[i];
+        }
+      }
+    } else {
+      const Element* p_base = sP + (grp * Traits::kPBuffers) * Traits::kSmemPBufferElems +
+                              (lane % 16) * Traits::kPPitch + (lane / 16) * 8;
+      uint32_t p_frag[kBlockN / 16][4];
+      if constexpr (Traits::kRegisterP) {
+        // This warp's P = p * (its column tile's key scales) / norm, built as the A fragments of
+        // P V's k-steps (FlashAttention-2): (a0, a1, a2, a3) = rows (r, r + 8) x keys (2j, 2j + 8)
+        // of k-step kk, r = lane / 4, j = lane % 4, which are the keys of key_scale.
+        const float* p_in =
+            sS + (grp * kSBuf) * Traits::kSmemSPartElems + (lane / 4) * Traits::kSPitch + (lane % 4) * 2;
+        const float inv_norm = pow2_reciprocal(ds_norm);
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int nt = 2 * kk + (i >> 1), hf = i & 1;
+            const float2 pv = *reinterpret_cast<const float2*>(p_in + hf * 8 * Traits::kSPitch + nt * 8);
+            p_frag[kk][i] =
+                pack2<Element>(pv.x * (key_scale[nt][0] * inv_norm), pv.y * (key_scale[nt][1] * inv_norm));
+          }
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        uint32_t a[4];
+        if constexpr (Traits::kRegisterP) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[i] = p_frag[kk][i];
+        } else {
+          ldmatrix_x4(a, p_base + kk * 16);
+        }
+        const int v_row = kk * 16 + (lane % 8) + ((lane >> 3) & 1) * 8;
+        if constexpr (Traits::kRawFp8) {
+          // Matrices (keys 0-7, 8-15) x (bytes 0-15, 16-31) of each 32 columns, transposed as b16:
+          // thread (n = lane / 4, j = lane % 4) gets bytes 2n, 2n + 1 of keys 2j and 2j + 1 (of
+          // 8 more). Its even bytes are the B fragment of n-tile "even columns", the odd ones of
+          // "odd columns": acc_o[2 b + odd] holds columns 16 b + 2 n' + odd (the epilogue's order).
+          const uint8_t* v_base =
+              sK_bytes + v_row * Traits::kSmemRowBytes + wq * Traits::kDvPerWarp + (lane >> 4) * 16;
+#pragma unroll
+          for (int n4 = 0; n4 < Traits::kDvPerWarp / 32; ++n4) {
+            uint32_t r[4];
+            ldmatrix_x4_trans(r, v_base + n4 * 32);
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+#pragma unroll
+              for (int odd = 0; odd < 2; ++odd) {
+                const uint32_t b0 = e4m3_trans_column_to_half2(r[2 * c], odd);
+                const uint32_t b1 = e4m3_trans_column_to_half2(r[2 * c + 1], odd);
+                mma_16816<Element>(acc_o[2 * (2 * n4 + c) + odd], a, b0, b1);
+              }
+            }
+          }
+        } else {
+          const Element* v_base = sK + v_row * kPitch + wq * Traits::kDvPerWarp + (lane >> 4) * 8;
+#pragma unroll
+          for (int n2 = 0; n2 < Traits::kDvPerWarp / 16; ++n2) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, v_base + n2 * 16);
+            mma_16816<Element>(acc_o[2 * n2], a, b[0], b[1]);
+            mma_16816<Element>(acc_o[2 * n2 + 1], a, b[2], b[3]);
+          }
+        }
+      }
+    }
+  };
+
   // Per tile: barrier (tile landed; every warp is past the previous tile, so its stage, sS and
   // sP are free), S, barrier (PairedScores: two, the pairs' sums between), softmax, barrier,
   // P V. With two stages one tile is in
@@ -288,283 +563,12 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const Element* sK = sKV + stage * (kBlockN * kPitch);
     const uint8_t* sK_bytes = sKV_raw + stage * Traits::kSmemKVStageBytes;  // raw fp8 tiles
     const float* sScaleK = sScale + stage * (kBlockN * 4);
-    // fp8_ds_mla: the scale of `key`'s scale tile wq (this warp's latent columns), from the raw
-    // record or from the decoded tile's scale buffer.
-    auto tile_scale = [&](int key) {
-      if constexpr (Traits::kRawFp8) {
-        return *reinterpret_cast<const float*>(sK_bytes + key * Traits::kSmemRowBytes + kDsMlaScaleOffset + wq * 4);
-      } else {
-        return sScaleK[key * 4 + wq];
-      }
-    };
-
-    // 1. Partial S = Q K^T over this warp's k-steps, all 32 rows. fp8_ds_mla: the latent part is
-    //    scaled per row by scale tile wq in fp32; the bf16 rope part has scale 1. Those scales of
-    //    keys 8 nt + 2 (lane % 4) + e are kept for this warp's P (phase 3).
     float key_scale[4][2];
-    {
-      float acc_s[4][4] = {};
-      float acc_rope[4][4] = {};
-      const Element* k_base = sK + ((lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) & 1) * 8;
-#pragma unroll
-      for (int s = 0; s < kSteps; ++s) {
-        if (raw_fp8_step(s)) {
-          // Matrix nt = keys 8 nt.., the step's 16 bytes read as 8 b16: thread (n = lane / 4,
-          // j = lane % 4) gets bytes 4j .. 4j + 3 of key 8 nt + n, k-steps (2j, 2j + 1) and
-          // (2j + 8, 2j + 9) in Q's permuted order.
-          static_assert(kBlockN == 32, "lane l addresses key l of the tile");
-          uint32_t r[4];
-          ldmatrix_x4(r, sK_bytes + lane * Traits::kSmemRowBytes + step_col(s));
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-            for (int part = 0; part < kQParts; ++part)
-              mma_16816<Element>(acc_s[nt], q_frag[s][part], e4m3x2_to_half2(r[nt]), e4m3x2_hi_to_half2(r[nt]));
-          }
-          continue;
-        }
-        if constexpr (Traits::kRawFp8 && Traits::kDsMla) {
-          // Raw fp8_ds_mla rope step: bf16 at record byte kDsMlaRopeOffset + 2 (column - 512).
-          // Matrix nt = keys 8 nt.., 8 columns: thread (n, j) gets columns 2j, 2j + 1 of key
-          // 8 nt + n, a B fragment in the usual order (Q's rope is not permuted), as fp16.
-          static_assert(kQParts == 1, "fp8 caches run fp16 MMAs: Q in one part");
-          uint32_t lo[4], hi[4];
-          const uint8_t* rope = sK_bytes + lane * Traits::kSmemRowBytes + kDsMlaRopeOffset + (step_col(s) - kKvLoraRank) * 2;
-          ldmatrix_x4(lo, rope);
-          ldmatrix_x4(hi, rope + 16);
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt)
-            mma_16816<Element>(acc_rope[nt], q_frag[s][0], bf16x2_to_half2(lo[nt]), bf16x2_to_half2(hi[nt]));
-          continue;
-        }
-        uint32_t b[2][4];
-        ldmatrix_x4(b[0], k_base + step_col(s));
-        ldmatrix_x4(b[1], k_base + 16 * kPitch + step_col(s));
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          float(&acc)[4] = (Traits::kDsMla && s >= kLatentSteps) ? acc_rope[nt] : acc_s[nt];
-#pragma unroll
-          for (int part = 0; part < kQParts; ++part)
-            mma_16816<Element>(acc, q_frag[s][part], b[nt / 2][(nt % 2) * 2], b[nt / 2][(nt % 2) * 2 + 1]);
-        }
-      }
-      // Partial-score buffer of warp wq (kPairedScores: of warps wq and wq + 2).
-      float* s_out = sS + (Traits::kPairedScores ? grp * kSBuf + wq % kSBuf : warp) * Traits::kSmemSPartElems +
-                     (lane / 4) * Traits::kSPitch + (lane % 4) * 2;
-      const bool adds_to_pair = Traits::kPairedScores && wq >= kSBuf;
-      if constexpr (Traits::kDsMla) {
-        // The norm of this warp's P (see kernel_traits.h) for the tile: lane r holds row r's
-        // scale of tile wq.
-        float smax = tile_scale(lane);
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) smax = fmaxf(smax, __shfl_xor_sync(~0u, smax, o));
-        ds_norm_prev = ds_norm;
-        ds_norm = ds_scale_norm(smax);
-      }
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        if constexpr (Traits::kDsMla) {
-          const int key = nt * 8 + (lane % 4) * 2;
-          const float sc0 = tile_scale(key), sc1 = tile_scale(key + 1);
-          key_scale[nt][0] = sc0;
-          key_scale[nt][1] = sc1;
-          acc_s[nt][0] = sc0 * acc_s[nt][0] + acc_rope[nt][0];
-          acc_s[nt][1] = sc1 * acc_s[nt][1] + acc_rope[nt][1];
-          acc_s[nt][2] = sc0 * acc_s[nt][2] + acc_rope[nt][2];
-          acc_s[nt][3] = sc1 * acc_s[nt][3] + acc_rope[nt][3];
-        }
-        if (!adds_to_pair) {
-          *reinterpret_cast<float2*>(s_out + nt * 8) = make_float2(acc_s[nt][0], acc_s[nt][1]);
-          *reinterpret_cast<float2*>(s_out + 8 * Traits::kSPitch + nt * 8) = make_float2(acc_s[nt][2], acc_s[nt][3]);
-        }
-      }
-      if constexpr (Traits::kPairedScores) {
-        head_group_sync<Traits::kHeadGroups>(grp);  // warps 0 and 1's partial scores written
-        if (adds_to_pair) {
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-              float2* s_pair = reinterpret_cast<float2*>(s_out + hf * 8 * Traits::kSPitch + nt * 8);
-              const float2 v = *s_pair;
-              *s_pair = make_float2(v.x + acc_s[nt][2 * hf], v.y + acc_s[nt][2 * hf + 1]);
-            }
-          }
-        }
-      }
-    }
+    scores(sK, sK_bytes, sScaleK, key_scale);
     head_group_sync<Traits::kHeadGroups>(grp);
-
-    // 2. Online softmax over the tile.
-    {
-      float* s_in = sS + (sm_g * kSBuf) * Traits::kSmemSPartElems + (sm_h % 16) * Traits::kSPitch + sm_k;
-      float x[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int w = 0; w < kSBuf; ++w) {
-        const float4 s4 = *reinterpret_cast<const float4*>(s_in + w * Traits::kSmemSPartElems);
-        x[0] += s4.x;
-        x[1] += s4.y;
-        x[2] += s4.z;
-        x[3] += s4.w;
-      }
-      const int* valid = sValid + stage * kBlockN + sm_k;
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        x[i] = valid[i] ? x[i] * score_scale : -INFINITY;
-        tile_max = fmaxf(tile_max, x[i]);
-      }
-#pragma unroll
-      for (int o = 1; o < 8; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, o));
-      const float m_new = fmaxf(m_run, tile_max);
-      float alpha = 1.f, psum = 0.f;
-      float pr[4] = {0.f, 0.f, 0.f, 0.f};
-      if (m_new != -INFINITY) {  // else nothing valid so far: p = 0, state unchanged
-        alpha = exp2f(m_run - m_new);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          pr[i] = exp2f(x[i] - m_new);
-          psum += pr[i];
-        }
-      }
-      l_run = l_run * alpha + psum;  // this thread's 4 columns; summed over the 8 at the end
-      m_run = m_new;
-      if constexpr (Traits::kRegisterP) {
-        // fp32 p in place of partial score 0, which only this thread reads; each warp builds its
-        // own P from it (phase 3).
-        *reinterpret_cast<float4*>(s_in) = make_float4(pr[0], pr[1], pr[2], pr[3]);
-      } else {
-        // P rounded once to the MMA type.
-        Element* p_row = sP + sm_g * Traits::kPBuffers * Traits::kSmemPBufferElems + (sm_h % 16) * Traits::kPPitch + sm_k;
-        *reinterpret_cast<uint2*>(p_row) = make_uint2(pack2<Element>(pr[0], pr[1]), pack2<Element>(pr[2], pr[3]));
-      }
-      if ((tid % 8) == 0) sAlpha[sm_h] = alpha;
-    }
+    softmax(stage);
     head_group_sync<Traits::kHeadGroups>(grp);
-
-    // 3. O = alpha * O + P V for this warp's 128 columns.
-    {
-      float alpha0 = sAlpha[grp * 16 + lane / 4];
-      float alpha1 = sAlpha[grp * 16 + lane / 4 + 8];
-      if constexpr (Traits::kDsMla) {
-        // acc_o holds O / norm of the last tile: O / norm = alpha * (norm_prev / norm) * acc_o
-        // + P' V, exactly (powers of two); the epilogue multiplies the last norm back. The
-        // ratio stays finite while consecutive tiles' largest scales are < 2^128 apart (cache
-        // values of |x| < 2^60 and > 2^-60, or zero, always are).
-        const float ratio = ds_norm_prev * pow2_reciprocal(ds_norm);
-        alpha0 *= ratio;
-        alpha1 *= ratio;
-      }
-#pragma unroll
-      for (int n = 0; n < Traits::kDvPerWarp / 8; ++n) {
-        acc_o[n][0] *= alpha0;
-        acc_o[n][1] *= alpha0;
-        acc_o[n][2] *= alpha1;
-        acc_o[n][3] *= alpha1;
-      }
-      if constexpr (Traits::kE4m3Pv) {
-        // P' as e4m3 hi + lo in the m16n8k32 A layout: (a0, a1, a2, a3) = rows (r, r + 8) x
-        // keys (2j, 2j + 1, 8 + 2j, 9 + 2j), and those + 16 (k 4j .. 4j + 3 and + 16), which are
-        // this thread's keys of key_scale. V: lane l addresses key l of a 16-byte column chunk;
-        // ldmatrix.trans gives keys (2j, 2j + 1) of each 8-key matrix, 2 bytes each, so the even
-        // bytes of matrices 0-1 (2-3) are b0 (b1) of the chunk's even columns in the same key
-        // order, the odd bytes of its odd columns: acc_o[2 chunk + odd], the raw tiles' order.
-        const float* p_in = sS + (grp * kSBuf) * Traits::kSmemSPartElems + (lane / 4) * Traits::kSPitch + (lane % 4) * 2;
-        const float p_scale = pow2_reciprocal(ds_norm) * Traits::kE4m3PScale;
-        uint32_t a_hi[4], a_lo[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int rr = i & 1, nt = (i >> 1) * 2;  // row half, first key group
-          const float2 p0 = *reinterpret_cast<const float2*>(p_in + rr * 8 * Traits::kSPitch + nt * 8);
-          const float2 p1 = *reinterpret_cast<const float2*>(p_in + rr * 8 * Traits::kSPitch + (nt + 1) * 8);
-          e4m3x4_hi_lo(p0.x * (key_scale[nt][0] * p_scale), p0.y * (key_scale[nt][1] * p_scale),
-                       p1.x * (key_scale[nt + 1][0] * p_scale), p1.y * (key_scale[nt + 1][1] * p_scale), a_hi[i], a_lo[i]);
-        }
-        const uint8_t* v_base = sK_bytes + lane * Traits::kSmemRowBytes + wq * Traits::kDvPerWarp;
-#pragma unroll
-        for (int c = 0; c < Traits::kDvPerWarp / 16; ++c) {
-          uint32_t r[4];
-          ldmatrix_x4_trans(r, v_base + c * 16);
-#pragma unroll
-          for (int odd = 0; odd < 2; ++odd) {
-            // Into a zeroed tile first, then added in fp32: the e4m3 MMA of sm_89 (and maybe
-            // others) may keep fewer mantissa bits of its C input than fp32, which over every tile
-            // of acc_o would add up.
-            const uint32_t select = odd ? 0x7531u : 0x6420u;
-            const uint32_t b0 = __byte_perm(r[0], r[1], select), b1 = __byte_perm(r[2], r[3], select);
-            float t[4] = {0.f, 0.f, 0.f, 0.f};
-            mma_16832_e4m3(t, a_hi, b0, b1);
-            mma_16832_e4m3(t, a_lo, b0, b1);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc_o[2 * c + odd][i] += t[i];
-          }
-        }
-      } else {
-        const Element* p_base = sP + (grp * Traits::kPBuffers) * Traits::kSmemPBufferElems +
-                                (lane % 16) * Traits::kPPitch + (lane / 16) * 8;
-        uint32_t p_frag[kBlockN / 16][4];
-        if constexpr (Traits::kRegisterP) {
-          // This warp's P = p * (its column tile's key scales) / norm, built as the A fragments of
-          // P V's k-steps (FlashAttention-2): (a0, a1, a2, a3) = rows (r, r + 8) x keys (2j, 2j + 8)
-          // of k-step kk, r = lane / 4, j = lane % 4, which are the keys of key_scale.
-          const float* p_in =
-              sS + (grp * kSBuf) * Traits::kSmemSPartElems + (lane / 4) * Traits::kSPitch + (lane % 4) * 2;
-          const float inv_norm = pow2_reciprocal(ds_norm);
-#pragma unroll
-          for (int kk = 0; kk < kBlockN / 16; ++kk) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const int nt = 2 * kk + (i >> 1), hf = i & 1;
-              const float2 pv = *reinterpret_cast<const float2*>(p_in + hf * 8 * Traits::kSPitch + nt * 8);
-              p_frag[kk][i] =
-                  pack2<Element>(pv.x * (key_scale[nt][0] * inv_norm), pv.y * (key_scale[nt][1] * inv_norm));
-            }
-          }
-        }
-#pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
-          uint32_t a[4];
-          if constexpr (Traits::kRegisterP) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) a[i] = p_frag[kk][i];
-          } else {
-            ldmatrix_x4(a, p_base + kk * 16);
-          }
-          const int v_row = kk * 16 + (lane % 8) + ((lane >> 3) & 1) * 8;
-          if constexpr (Traits::kRawFp8) {
-            // Matrices (keys 0-7, 8-15) x (bytes 0-15, 16-31) of each 32 columns, transposed as b16:
-            // thread (n = lane / 4, j = lane % 4) gets bytes 2n, 2n + 1 of keys 2j and 2j + 1 (of
-            // 8 more). Its even bytes are the B fragment of n-tile "even columns", the odd ones of
-            // "odd columns": acc_o[2 b + odd] holds columns 16 b + 2 n' + odd (the epilogue's order).
-            const uint8_t* v_base =
-                sK_bytes + v_row * Traits::kSmemRowBytes + wq * Traits::kDvPerWarp + (lane >> 4) * 16;
-#pragma unroll
-            for (int n4 = 0; n4 < Traits::kDvPerWarp / 32; ++n4) {
-              uint32_t r[4];
-              ldmatrix_x4_trans(r, v_base + n4 * 32);
-#pragma unroll
-              for (int c = 0; c < 2; ++c) {
-#pragma unroll
-                for (int odd = 0; odd < 2; ++odd) {
-                  const uint32_t b0 = e4m3_trans_column_to_half2(r[2 * c], odd);
-                  const uint32_t b1 = e4m3_trans_column_to_half2(r[2 * c + 1], odd);
-                  mma_16816<Element>(acc_o[2 * (2 * n4 + c) + odd], a, b0, b1);
-                }
-              }
-            }
-          } else {
-            const Element* v_base = sK + v_row * kPitch + wq * Traits::kDvPerWarp + (lane >> 4) * 8;
-#pragma unroll
-            for (int n2 = 0; n2 < Traits::kDvPerWarp / 16; ++n2) {
-              uint32_t b[4];
-              ldmatrix_x4_trans(b, v_base + n2 * 16);
-              mma_16816<Element>(acc_o[2 * n2], a, b[0], b[1]);
-              mma_16816<Element>(acc_o[2 * n2 + 1], a, b[2], b[3]);
-            }
-          }
-        }
-      }
-    }
+    pv(sK, sK_bytes, key_scale);
     if constexpr (Traits::kDirectCopy && kStages == 1) {
       // One cp.async stage: tile it + 1 is gathered once every warp is done with tile it.
       if (it + 1 < num_tiles) {
@@ -589,23 +593,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 
-  // Epilogue: normalise and write out/lse, or the split's partial result.
-#pragma unroll
-  for (int o = 1; o < 8; o <<= 1) l_run += __shfl_xor_sync(~0u, l_run, o);
-  // One thread per head writes its lse: the softmax thread.
-  if ((tid % 8) == 0) {
-    sL[sm_h] = l_run;
-    const int h = h0 + sm_h;
-    if (h < p.num_heads) {
-      // lse in natural log: (m + log2 l) * ln 2, -inf when no slot of this range was valid.
-      const float lse = l_run > 0.f ? (m_run + log2f(l_run)) * 0.69314718055994531f : -INFINITY;
-      if (p.num_splits == 1)
-        p.lse[t * p.lse_stride_t + h * p.lse_stride_h] = lse;
-      else
-        p.partial_lse[(static_cast<int64_t>(t) * p.num_heads + h) * p.num_splits + split] = lse;
-    }
-  }
-  __syncthreads();
+  // Epilogue (fwd_common.cuh): normalise and write out / lse, or the split's partial result.
+  write_lse(p, sL, t, h0, split, tid, sm_h, m_run, l_run);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = grp * 16 + lane / 4 + half * 8;
@@ -613,40 +602,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     if (h >= p.num_heads) continue;
     const float l = sL[r];
     const float inv = l > 0.f ? tensor_scale * ds_norm / (Traits::kE4m3Pv ? l * Traits::kE4m3PScale : l) : 0.f;
-    // This thread's runs of kRun consecutive columns of its row, one vector store each: run n's
-    // first column, and its column k. Raw fp8 tiles (phase 3): acc_o[2 n + odd][2 half + e] is
-    // column 16 n + 4 (lane % 4) + 2 e + odd of the warp's 128, so a run is four columns (k = 2 e
-    // + odd) and one store covers 64 contiguous bytes of a row (two half-width stores would each
-    // leave every other 8 bytes unwritten; bench/HISTORY.md v23); otherwise acc_o[n][2 half + k]
-    // is column 8 n + 2 (lane % 4) + k.
-    constexpr int kRun = Traits::kRawFp8 ? 4 : 2;
-    auto col = [&](int n) {
-      return wq * Traits::kDvPerWarp + (Traits::kRawFp8 ? n * 16 + (lane % 4) * 4 : n * 8 + (lane % 4) * 2);
-    };
-    auto val = [&](int n, int k) {
-      return (Traits::kRawFp8 ? acc_o[2 * n + k % 2][2 * half + k / 2] : acc_o[n][2 * half + k]) * inv;
-    };
-    constexpr int kRuns = Traits::kDvPerWarp / (4 * kRun);
-    if (p.num_splits == 1) {
-      QElement* out = static_cast<QElement*>(p.out) + t * p.out_stride_t + static_cast<int64_t>(h) * p.out_stride_h;
-#pragma unroll
-      for (int n = 0; n < kRuns; ++n) {
-        const uint32_t w0 = pack2<QElement>(val(n, 0), val(n, 1));
-        if constexpr (kRun == 4)
-          *reinterpret_cast<uint2*>(out + col(n)) = make_uint2(w0, pack2<QElement>(val(n, 2), val(n, 3)));
-        else
-          *reinterpret_cast<uint32_t*>(out + col(n)) = w0;
-      }
-    } else {
-      float* out = p.partial_out + ((static_cast<int64_t>(t) * p.num_heads + h) * p.num_splits + split) * kHeadSizeV;
-#pragma unroll
-      for (int n = 0; n < kRuns; ++n) {
-        if constexpr (kRun == 4)
-          *reinterpret_cast<float4*>(out + col(n)) = make_float4(val(n, 0), val(n, 1), val(n, 2), val(n, 3));
-        else
-          *reinterpret_cast<float2*>(out + col(n)) = make_float2(val(n, 0), val(n, 1));
-      }
-    }
+    write_o_row<QElement, Traits::kRawFp8>(p, t, h, split, wq * Traits::kDvPerWarp + (lane % 4) * (Traits::kRawFp8 ? 4 : 2),
+                                           half, acc_o, inv);
   }
 }
 

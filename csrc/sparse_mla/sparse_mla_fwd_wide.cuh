@@ -348,6 +348,139 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   for (int i = tid; i < kBlockH * kPPitch / 2; i += Traits::kNumThreads) reinterpret_cast<uint32_t*>(sP + kBlockH * kPPitch)[i] = 0u;
   if (tid < kBlockH) sAlpha[kBlockH + tid] = 1.f;
 
+  // S: partial scores of both head groups x this warp's 16 keys over quarter dq, for the tile
+  // it in sK_bytes, into sS; the next tile's gather is issued halfway.
+  auto scores = [&](const uint8_t* sK_bytes, int it) {
+    const Element* sK = reinterpret_cast<const Element*>(sK_bytes);
+    float acc_s[kMTiles][2][4] = {};
+    const Element* k_base = sK + (kh * 16 + (lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) & 1) * 8;
+    // fp8_ds_mla: the latent part times the key's scale of tile dq (fp32), before the bf16 rope
+    // step adds in at scale 1; this thread's keys are 16 kh + 8 nt + 2 (lane % 4) + e.
+    auto scale_by_keys = [&]() {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = kh * 16 + nt * 8 + (lane % 4) * 2 + e;
+          const float sc = *reinterpret_cast<const float*>(sK_bytes + key * Traits::kSmemRowBytes + kDsMlaScaleOffset + dq * 4);
+#pragma unroll
+          for (int m = 0; m < kMTiles; ++m) {
+            acc_s[m][nt][e] *= sc;
+            acc_s[m][nt][2 + e] *= sc;
+          }
+        }
+      }
+    };
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      // The next tile's gather is issued here, not at the loop top: ptxas cannot tell the stages
+      // apart, so it keeps this tile's ldmatrix loads behind those cp.async writes, and ~115 issue
+      // slots would precede the first S MMA.
+      if (s == kSteps / 2 && it > 0 && it + 1 < num_tiles) {
+        issue_row(next_row, (it + 1) % 2);  // into the stage of tile it - 1, whose V is in registers
+        next_row = row_index(it + 2);
+      }
+      uint32_t b[4];  // keys 0-7 (b0, b1) and 8-15 (b2, b3) of the half
+      if (kDs && s == kLatentSteps) {
+        // fp8_ds_mla's rope step: bf16 at record byte kDsMlaRopeOffset + 2 (column - 512);
+        // matrices (keys 0-7, 8-15) x (columns 0-7, 8-15), the usual B fragments, as fp16.
+        scale_by_keys();
+        uint32_t r[4];
+        ldmatrix_x4(r, sK_bytes + (kh * 16 + (lane % 8) + ((lane >> 3) & 1) * 8) * Traits::kSmemRowBytes +
+                           kDsMlaRopeOffset + (step_col(s) - kKvLoraRank) * 2 + (lane >> 4) * 16);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          b[2 * nt] = bf16x2_to_half2(r[nt]);
+          b[2 * nt + 1] = bf16x2_to_half2(r[2 + nt]);
+        }
+      } else if constexpr (kRaw) {
+        // The step's 16 bytes of the half's keys read as 8 b16: thread (n = lane / 4, j = lane
+        // % 4) gets bytes 4j .. 4j + 3 of key 8 nt + n, q's permuted columns.
+        uint32_t r[2];
+        ldmatrix_x2(r, sK_bytes + (kh * 16 + lane % 16) * Traits::kSmemRowBytes + step_col(s));
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          b[2 * nt] = e4m3x2_to_half2(r[nt]);
+          b[2 * nt + 1] = e4m3x2_hi_to_half2(r[nt]);
+        }
+      } else {
+        ldmatrix_x4(b, k_base + step_col(s));
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) mma_16816<Element>(acc_s[m][nt], q_frag[s][m], b[2 * nt], b[2 * nt + 1]);
+      }
+    }
+    if constexpr (kDs && kSteps == kLatentSteps) scale_by_keys();  // D = 512: no rope
+    float* s_out = sS + dq * (kBlockH * kSPitch) + (lane / 4) * kSPitch + kh * 16 + (lane % 4) * 2;
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        *reinterpret_cast<float2*>(s_out + m * 16 * kSPitch + nt * 8) = make_float2(acc_s[m][nt][0], acc_s[m][nt][1]);
+        *reinterpret_cast<float2*>(s_out + (m * 16 + 8) * kSPitch + nt * 8) =
+            make_float2(acc_s[m][nt][2], acc_s[m][nt][3]);
+      }
+    }
+  };
+
+  // Online softmax over the tile in `stage` (base 2, fp32): its P, rounded once to the MMA type
+  // (fp8_ds_mla: and again after its scale in load_p), and alpha into buffer `stage`.
+  auto softmax = [&](int stage) {
+    const float* s_in = sS + sm_h * kSPitch + sm_k;
+    // The shorter chain (sums from quarter 0, a tree maximum, the SFU's 2^x) gained 2-3 % at
+    // D = 512; at D = 576 ptxas then ordered S and P V so that it lost 1.5 % (v35).
+    constexpr bool kShortChain = Traits::kHeadDim == kHeadSizeNoPE;
+    float x[4] = {0.f, 0.f, 0.f, 0.f};
+    if constexpr (kShortChain) {
+      const float4 s0 = *reinterpret_cast<const float4*>(s_in);
+      x[0] = s0.x;
+      x[1] = s0.y;
+      x[2] = s0.z;
+      x[3] = s0.w;
+    }
+#pragma unroll
+    for (int q = kShortChain ? 1 : 0; q < kQuarters; ++q) {
+      const float4 s4 = *reinterpret_cast<const float4*>(s_in + q * (kBlockH * kSPitch));
+      x[0] += s4.x;
+      x[1] += s4.y;
+      x[2] += s4.z;
+      x[3] += s4.w;
+    }
+    const int* valid = sValid + stage * kBlockN + sm_k;
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      x[i] = valid[i] ? x[i] * (kRaw ? score_scale : p.sm_scale_log2) : -INFINITY;
+      if constexpr (!kShortChain) tile_max = fmaxf(tile_max, x[i]);
+    }
+    if constexpr (kShortChain) tile_max = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+    auto exp2_chain = [](float v) { return kShortChain ? exp2_ftz(v) : exp2f(v); };
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, o));
+    const float m_new = !kLazy ? fmaxf(m_run, tile_max) : tile_max > m_run + kLazyLog2 ? tile_max : m_run;
+    // Nothing valid so far (m_new = -inf): p = 0, state unchanged. Selects, not a branch, so that
+    // ptxas may interleave this chain with the P V MMAs beside it.
+    const bool any = m_new != -INFINITY;
+    // fp16 P: alpha is exactly 1 where the maximum stays, whatever the SFU gives for 2^0, for the
+    // lazy kernels' vote in pv. bf16 P never votes: 2^0 as the SFU gives it, 4 instructions fewer.
+    constexpr bool kUnitAlpha = std::is_same_v<Element, __half>;
+    const float alpha = any && (!kUnitAlpha || m_new != m_run) ? exp2_chain(m_run - m_new) : 1.f;
+    float psum = 0.f;
+    float pr[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      pr[i] = any ? exp2_chain(x[i] - m_new) : 0.f;
+      psum += pr[i];
+    }
+    l_run = l_run * alpha + psum;
+    m_run = m_new;
+    *reinterpret_cast<uint2*>(sP + stage * (kBlockH * kPPitch) + sm_h * kPPitch + p_chunk(sm_h, sm_k / 8) * 8 + sm_k % 8) =
+        make_uint2(pack2<Element>(pr[0], pr[1]), pack2<Element>(pr[2], pr[3]));
+    if ((tid % 8) == 0) sAlpha[stage * kBlockH + sm_h] = alpha;
+  };
+
   // Per tile: barrier (tile landed; the stage of the tile before it, sS and the other P buffer
   // are free), the tile before's P and alpha into registers, S (the next tile's gather issued
   // halfway), barrier, this tile's softmax beside the tile before's P V, and this tile's V into
@@ -359,146 +492,11 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     cp_async_wait<0>();
     __syncthreads();
     const uint8_t* sK_bytes = sKV + stage * Traits::kSmemKVStageBytes;
-    const Element* sK = reinterpret_cast<const Element*>(sK_bytes);
-
     load_p(stage ^ 1);
-
-    // 1. Partial S of both head groups x this warp's 16 keys over quarter dq.
-    {
-      float acc_s[kMTiles][2][4] = {};
-      const Element* k_base = sK + (kh * 16 + (lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) & 1) * 8;
-      // fp8_ds_mla: the latent part times the key's scale of tile dq (fp32), before the bf16 rope
-      // step adds in at scale 1; this thread's keys are 16 kh + 8 nt + 2 (lane % 4) + e.
-      auto scale_by_keys = [&]() {
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int key = kh * 16 + nt * 8 + (lane % 4) * 2 + e;
-            const float sc = *reinterpret_cast<const float*>(sK_bytes + key * Traits::kSmemRowBytes + kDsMlaScaleOffset + dq * 4);
-#pragma unroll
-            for (int m = 0; m < kMTiles; ++m) {
-              acc_s[m][nt][e] *= sc;
-              acc_s[m][nt][2 + e] *= sc;
-            }
-          }
-        }
-      };
-#pragma unroll
-      for (int s = 0; s < kSteps; ++s) {
-        // The next tile's gather is issued here, not at the loop top: ptxas cannot tell the stages
-        // apart, so it keeps this tile's ldmatrix loads behind those cp.async writes, and ~115 issue
-        // slots would precede the first S MMA.
-        if (s == kSteps / 2 && it > 0 && it + 1 < num_tiles) {
-          issue_row(next_row, (it + 1) % 2);  // into the stage of tile it - 1, whose V is in registers
-          next_row = row_index(it + 2);
-        }
-        uint32_t b[4];  // keys 0-7 (b0, b1) and 8-15 (b2, b3) of the half
-        if (kDs && s == kLatentSteps) {
-          // fp8_ds_mla's rope step: bf16 at record byte kDsMlaRopeOffset + 2 (column - 512);
-          // matrices (keys 0-7, 8-15) x (columns 0-7, 8-15), the usual B fragments, as fp16.
-          scale_by_keys();
-          uint32_t r[4];
-          ldmatrix_x4(r, sK_bytes + (kh * 16 + (lane % 8) + ((lane >> 3) & 1) * 8) * Traits::kSmemRowBytes +
-                             kDsMlaRopeOffset + (step_col(s) - kKvLoraRank) * 2 + (lane >> 4) * 16);
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            b[2 * nt] = bf16x2_to_half2(r[nt]);
-            b[2 * nt + 1] = bf16x2_to_half2(r[2 + nt]);
-          }
-        } else if constexpr (kRaw) {
-          // The step's 16 bytes of the half's keys read as 8 b16: thread (n = lane / 4, j = lane
-          // % 4) gets bytes 4j .. 4j + 3 of key 8 nt + n, q's permuted columns.
-          uint32_t r[2];
-          ldmatrix_x2(r, sK_bytes + (kh * 16 + lane % 16) * Traits::kSmemRowBytes + step_col(s));
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            b[2 * nt] = e4m3x2_to_half2(r[nt]);
-            b[2 * nt + 1] = e4m3x2_hi_to_half2(r[nt]);
-          }
-        } else {
-          ldmatrix_x4(b, k_base + step_col(s));
-        }
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-          for (int m = 0; m < kMTiles; ++m) mma_16816<Element>(acc_s[m][nt], q_frag[s][m], b[2 * nt], b[2 * nt + 1]);
-        }
-      }
-      if constexpr (kDs && kSteps == kLatentSteps) scale_by_keys();  // D = 512: no rope
-      float* s_out = sS + dq * (kBlockH * kSPitch) + (lane / 4) * kSPitch + kh * 16 + (lane % 4) * 2;
-#pragma unroll
-      for (int m = 0; m < kMTiles; ++m) {
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          *reinterpret_cast<float2*>(s_out + m * 16 * kSPitch + nt * 8) = make_float2(acc_s[m][nt][0], acc_s[m][nt][1]);
-          *reinterpret_cast<float2*>(s_out + (m * 16 + 8) * kSPitch + nt * 8) =
-              make_float2(acc_s[m][nt][2], acc_s[m][nt][3]);
-        }
-      }
-    }
+    scores(sK_bytes, it);
     __syncthreads();
-
-    // 2. The tile before's P V, whose MMAs interleave with 3.
-    pv();
-
-    // 3. Online softmax over the tile (base 2, fp32); P rounded once to the MMA type (fp8_ds_mla:
-    //    and again after its scale in load_p).
-    {
-      const float* s_in = sS + sm_h * kSPitch + sm_k;
-      // The shorter chain (sums from quarter 0, a tree maximum, the SFU's 2^x) gained 2-3 % at
-      // D = 512; at D = 576 ptxas then ordered S and P V so that it lost 1.5 % (v35).
-      constexpr bool kShortChain = Traits::kHeadDim == kHeadSizeNoPE;
-      float x[4] = {0.f, 0.f, 0.f, 0.f};
-      if constexpr (kShortChain) {
-        const float4 s0 = *reinterpret_cast<const float4*>(s_in);
-        x[0] = s0.x;
-        x[1] = s0.y;
-        x[2] = s0.z;
-        x[3] = s0.w;
-      }
-#pragma unroll
-      for (int q = kShortChain ? 1 : 0; q < kQuarters; ++q) {
-        const float4 s4 = *reinterpret_cast<const float4*>(s_in + q * (kBlockH * kSPitch));
-        x[0] += s4.x;
-        x[1] += s4.y;
-        x[2] += s4.z;
-        x[3] += s4.w;
-      }
-      const int* valid = sValid + stage * kBlockN + sm_k;
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        x[i] = valid[i] ? x[i] * (kRaw ? score_scale : p.sm_scale_log2) : -INFINITY;
-        if constexpr (!kShortChain) tile_max = fmaxf(tile_max, x[i]);
-      }
-      if constexpr (kShortChain) tile_max = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
-      auto exp2_chain = [](float v) { return kShortChain ? exp2_ftz(v) : exp2f(v); };
-#pragma unroll
-      for (int o = 1; o < 8; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, o));
-      const float m_new = !kLazy ? fmaxf(m_run, tile_max) : tile_max > m_run + kLazyLog2 ? tile_max : m_run;
-      // Nothing valid so far (m_new = -inf): p = 0, state unchanged. Selects, not a branch, so that
-      // ptxas may interleave this chain with the P V MMAs beside it.
-      const bool any = m_new != -INFINITY;
-      // fp16 P: alpha is exactly 1 where the maximum stays, whatever the SFU gives for 2^0, for the
-      // lazy kernels' vote in pv. bf16 P never votes: 2^0 as the SFU gives it, 4 instructions fewer.
-      constexpr bool kUnitAlpha = std::is_same_v<Element, __half>;
-      const float alpha = any && (!kUnitAlpha || m_new != m_run) ? exp2_chain(m_run - m_new) : 1.f;
-      float psum = 0.f;
-      float pr[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        pr[i] = any ? exp2_chain(x[i] - m_new) : 0.f;
-        psum += pr[i];
-      }
-      l_run = l_run * alpha + psum;
-      m_run = m_new;
-      *reinterpret_cast<uint2*>(sP + stage * (kBlockH * kPPitch) + sm_h * kPPitch + p_chunk(sm_h, sm_k / 8) * 8 + sm_k % 8) =
-          make_uint2(pack2<Element>(pr[0], pr[1]), pack2<Element>(pr[2], pr[3]));
-      if ((tid % 8) == 0) sAlpha[stage * kBlockH + sm_h] = alpha;
-    }
-
-    // 4. This tile's V into registers.
+    pv();  // the tile before's P V, whose MMAs interleave with the softmax
+    softmax(stage);
     load_v(sK_bytes);
   }
   if (num_tiles > 0) {
@@ -511,22 +509,8 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // see the main kernel
 #endif
 
-  // Epilogue: as the main kernel's, for 16-bit caches and raw fp8 tiles (fp8_ds_mla: O times the
-  // warp's last norm).
-#pragma unroll
-  for (int o = 1; o < 8; o <<= 1) l_run += __shfl_xor_sync(~0u, l_run, o);
-  if ((tid % 8) == 0) {
-    sL[sm_h] = l_run;
-    const int h = h0 + sm_h;
-    if (h < p.num_heads) {
-      const float lse = l_run > 0.f ? (m_run + log2f(l_run)) * 0.69314718055994531f : -INFINITY;
-      if (p.num_splits == 1)
-        p.lse[t * p.lse_stride_t + h * p.lse_stride_h] = lse;
-      else
-        p.partial_lse[(static_cast<int64_t>(t) * p.num_heads + h) * p.num_splits + split] = lse;
-    }
-  }
-  __syncthreads();
+  // Epilogue (fwd_common.cuh): as the main kernel's; fp8_ds_mla's O times the warp's last norm.
+  write_lse(p, sL, t, h0, split, tid, sm_h, m_run, l_run);
 #pragma unroll
   for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
@@ -536,35 +520,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       if (h >= p.num_heads) continue;
       const float l = sL[r];
       const float inv = l > 0.f ? (kDs ? ds_norm : tensor_scale) / l : 0.f;
-      // Runs of kRun columns, one vector store each (the main kernel's epilogue): raw tiles'
-      // acc_o[m][2 n + odd][2 half + e] is column 16 n + 4 (lane % 4) + 2 e + odd of the warp's
-      // 64; otherwise acc_o[m][n][2 half + k] is column 8 n + 2 (lane % 4) + k.
-      constexpr int kRun = kRaw ? 4 : 2;
-      constexpr int kRuns = kDvPerWarp / (4 * kRun);
-      const int col0 = warp * kDvPerWarp + (lane % 4) * kRun;  // + 4 kRun n: run n
-      auto val = [&](int n, int k) {
-        return (kRaw ? acc_o[m][2 * n + k % 2][2 * half + k / 2] : acc_o[m][n][2 * half + k]) * inv;
-      };
-      if (p.num_splits == 1) {
-        QElement* out = static_cast<QElement*>(p.out) + t * p.out_stride_t + static_cast<int64_t>(h) * p.out_stride_h;
-#pragma unroll
-        for (int n = 0; n < kRuns; ++n) {
-          const uint32_t w0 = pack2<QElement>(val(n, 0), val(n, 1));
-          if constexpr (kRun == 4)
-            *reinterpret_cast<uint2*>(out + col0 + n * 16) = make_uint2(w0, pack2<QElement>(val(n, 2), val(n, 3)));
-          else
-            *reinterpret_cast<uint32_t*>(out + col0 + n * 8) = w0;
-        }
-      } else {
-        float* out = p.partial_out + ((static_cast<int64_t>(t) * p.num_heads + h) * p.num_splits + split) * kHeadSizeV;
-#pragma unroll
-        for (int n = 0; n < kRuns; ++n) {
-          if constexpr (kRun == 4)
-            *reinterpret_cast<float4*>(out + col0 + n * 16) = make_float4(val(n, 0), val(n, 1), val(n, 2), val(n, 3));
-          else
-            *reinterpret_cast<float2*>(out + col0 + n * 8) = make_float2(val(n, 0), val(n, 1));
-        }
-      }
+      write_o_row<QElement, kRaw>(p, t, h, split, warp * kDvPerWarp + (lane % 4) * (kRaw ? 4 : 2), half, acc_o[m], inv);
     }
   }
 }
