@@ -210,6 +210,28 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   // Raw fp8: 32 columns (bytes) per ldmatrix, decoded in pv().
   constexpr int kVCols = kRaw ? 32 : 16;
   uint32_t v_frag[kBlockN / 16][kDvPerWarp / kVCols][4];
+  // Lazy fp8_e4m3 kernels: the pending tile's first 16 keys of V are decoded before the loop's
+  // second barrier, which reads them (__syncthreads_or), so that ptxas cannot sink the decoding
+  // below it and issues P V MMAs while the softmax's partial-score loads are in flight
+  // (bench/HISTORY.md v47; fp8_ds_mla's kernels lost so).
+  constexpr bool kPreDecode = kRaw && kLazy && !kDs;
+  uint32_t v_dec[kDvPerWarp / kVCols][2][2][2];  // keys 0-15: [n2][c][odd][b0, b1] of pv()
+  auto predecode = [&]() -> uint32_t {  // returns an OR of the decoded words, for the barrier
+    uint32_t any = 0;
+#pragma unroll
+    for (int n2 = 0; n2 < kDvPerWarp / kVCols; ++n2) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+#pragma unroll
+        for (int odd = 0; odd < 2; ++odd) {
+          v_dec[n2][c][odd][0] = e4m3_trans_column_to_half2(v_frag[0][n2][2 * c], odd);
+          v_dec[n2][c][odd][1] = e4m3_trans_column_to_half2(v_frag[0][n2][2 * c + 1], odd);
+          any |= v_dec[n2][c][odd][0] | v_dec[n2][c][odd][1];
+        }
+      }
+    }
+    return any;
+  };
   // Offset of this lane's ldmatrix address in a stage, in bytes (raw) or elements.
   const int v_key = (lane % 8) + ((lane >> 3) & 1) * 8;
   const int v_off = kRaw ? v_key * Traits::kSmemRowBytes + warp * kDvPerWarp + (lane >> 4) * 16
@@ -322,8 +344,9 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
           for (int c = 0; c < 2; ++c) {
 #pragma unroll
             for (int odd = 0; odd < 2; ++odd) {
-              const uint32_t b0 = e4m3_trans_column_to_half2(v_frag[kk][n2][2 * c], odd);
-              const uint32_t b1 = e4m3_trans_column_to_half2(v_frag[kk][n2][2 * c + 1], odd);
+              const bool pre = kPreDecode && kk == 0;
+              const uint32_t b0 = pre ? v_dec[n2][c][odd][0] : e4m3_trans_column_to_half2(v_frag[kk][n2][2 * c], odd);
+              const uint32_t b1 = pre ? v_dec[n2][c][odd][1] : e4m3_trans_column_to_half2(v_frag[kk][n2][2 * c + 1], odd);
 #pragma unroll
               for (int m = 0; m < kMTiles; ++m) mma_16816<Element>(acc_o[m][2 * (2 * n2 + c) + odd], p_frag[kk][m], b0, b1);
             }
@@ -463,10 +486,9 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     // Nothing valid so far (m_new = -inf): p = 0, state unchanged. Selects, not a branch, so that
     // ptxas may interleave this chain with the P V MMAs beside it.
     const bool any = m_new != -INFINITY;
-    // fp16 P: alpha is exactly 1 where the maximum stays, whatever the SFU gives for 2^0, for the
-    // lazy kernels' vote in pv. bf16 P never votes: 2^0 as the SFU gives it, 4 instructions fewer.
-    constexpr bool kUnitAlpha = std::is_same_v<Element, __half>;
-    const float alpha = any && (!kUnitAlpha || m_new != m_run) ? exp2_chain(m_run - m_new) : 1.f;
+    // Lazy kernels: alpha is exactly 1 where the maximum stays, whatever the SFU gives for 2^0,
+    // for the vote in pv. The others never vote: 2^0 as the SFU gives it, 4 instructions fewer.
+    const float alpha = any && (!kLazy || m_new != m_run) ? exp2_chain(m_run - m_new) : 1.f;
     float psum = 0.f;
     float pr[4];
 #pragma unroll
@@ -494,7 +516,11 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     const uint8_t* sK_bytes = sKV + stage * Traits::kSmemKVStageBytes;
     load_p(stage ^ 1);
     scores(sK_bytes, it);
-    __syncthreads();
+    if constexpr (kPreDecode) {
+      __syncthreads_or(predecode() == 0u);  // the result is not needed, only the operand
+    } else {
+      __syncthreads();
+    }
     pv();  // the tile before's P V, whose MMAs interleave with the softmax
     softmax(stage);
     load_v(sK_bytes);
@@ -502,6 +528,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   if (num_tiles > 0) {
     __syncthreads();  // the last tile's P and alpha
     load_p((num_tiles - 1) % 2);
+    if constexpr (kPreDecode) predecode();
     pv();
   }
   cp_async_wait<0>();  // nothing may be in flight when the block exits
