@@ -2,7 +2,7 @@
 launches on the same inputs in this tree and in a copy per change, each against verify's bars,
 and whether the outputs are the same bit for bit.
 
-    python tools/emulated_ab.py alpha=bench/candidates/wide-alpha-select-lazy-only.diff [NAME=DIFF ...]
+    python tools/emulated_ab.py clocks=bench/candidates/v34-phase-clocks.diff [NAME=DIFF ...]
 
 For each NAME=DIFF: the tracked files of this tree (with its uncommitted changes) copied to
 scratch, DIFF applied there (git apply), the emulator built there, and every launch of LAUNCHES

@@ -50,6 +50,45 @@ __device__ __forceinline__ float pow2_reciprocal(float x) {
   return __uint_as_float((254u << 23) - (__float_as_uint(x) & 0x7f800000u));
 }
 
+// The softmax's first step, the same in both families: a thread's 4 keys (key .. key + 3 of the
+// tile in `stage`) summed over the kParts partial-score buffers (kPartStride floats apart),
+// scaled to base 2, -inf where s_valid says the slot is invalid, and the tile's maximum over the 8
+// threads of the head. kShortChain starts the sums from buffer 0 and takes a tree maximum (a
+// shorter dependent chain, v35-v36). `valid` is formed after the sums: ptxas then keeps the
+// loops' SASS as it was before this was shared.
+template <int kParts, int kPartStride, int kBlockN, bool kShortChain>
+__device__ __forceinline__ float tile_scores(const float* s_in, const int* s_valid, int stage, int key, float scale,
+                                             float (&x)[4]) {
+  if constexpr (kShortChain) {
+    const float4 s0 = *reinterpret_cast<const float4*>(s_in);
+    x[0] = s0.x;
+    x[1] = s0.y;
+    x[2] = s0.z;
+    x[3] = s0.w;
+  } else {
+    x[0] = x[1] = x[2] = x[3] = 0.f;
+  }
+#pragma unroll
+  for (int q = kShortChain ? 1 : 0; q < kParts; ++q) {
+    const float4 s4 = *reinterpret_cast<const float4*>(s_in + q * kPartStride);
+    x[0] += s4.x;
+    x[1] += s4.y;
+    x[2] += s4.z;
+    x[3] += s4.w;
+  }
+  const int* valid = s_valid + stage * kBlockN + key;
+  float tile_max = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x[i] = valid[i] ? x[i] * scale : -INFINITY;
+    if constexpr (!kShortChain) tile_max = fmaxf(tile_max, x[i]);
+  }
+  if constexpr (kShortChain) tile_max = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, o));
+  return tile_max;
+}
+
 // The epilogue's first half, the same in both families: each head's row sum l, summed over its 8
 // softmax threads (thread tid serves head tid / 8), goes to sL for the output rows; its first
 // thread writes lse, in natural log ((m + log2 l) ln 2 of the base-2 running maximum m; -inf where

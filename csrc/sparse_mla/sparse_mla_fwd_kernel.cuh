@@ -371,24 +371,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   // 2. Online softmax over the tile in `stage`.
   auto softmax = [&](int stage) {
     float* s_in = sS + (sm_g * kSBuf) * Traits::kSmemSPartElems + (sm_h % 16) * Traits::kSPitch + sm_k;
-    float x[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int w = 0; w < kSBuf; ++w) {
-      const float4 s4 = *reinterpret_cast<const float4*>(s_in + w * Traits::kSmemSPartElems);
-      x[0] += s4.x;
-      x[1] += s4.y;
-      x[2] += s4.z;
-      x[3] += s4.w;
-    }
-    const int* valid = sValid + stage * kBlockN + sm_k;
-    float tile_max = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      x[i] = valid[i] ? x[i] * score_scale : -INFINITY;
-      tile_max = fmaxf(tile_max, x[i]);
-    }
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, o));
+    float x[4];
+    const float tile_max = tile_scores<kSBuf, Traits::kSmemSPartElems, kBlockN, false>(s_in, sValid, stage, sm_k, score_scale, x);
     const float m_new = fmaxf(m_run, tile_max);
     float alpha = 1.f, psum = 0.f;
     float pr[4] = {0.f, 0.f, 0.f, 0.f};

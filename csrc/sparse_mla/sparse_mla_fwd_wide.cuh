@@ -455,33 +455,10 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     // The shorter chain (sums from quarter 0, a tree maximum, the SFU's 2^x) gained 2-3 % at
     // D = 512; at D = 576 ptxas then ordered S and P V so that it lost 1.5 % (v35).
     constexpr bool kShortChain = Traits::kHeadDim == kHeadSizeNoPE;
-    float x[4] = {0.f, 0.f, 0.f, 0.f};
-    if constexpr (kShortChain) {
-      const float4 s0 = *reinterpret_cast<const float4*>(s_in);
-      x[0] = s0.x;
-      x[1] = s0.y;
-      x[2] = s0.z;
-      x[3] = s0.w;
-    }
-#pragma unroll
-    for (int q = kShortChain ? 1 : 0; q < kQuarters; ++q) {
-      const float4 s4 = *reinterpret_cast<const float4*>(s_in + q * (kBlockH * kSPitch));
-      x[0] += s4.x;
-      x[1] += s4.y;
-      x[2] += s4.z;
-      x[3] += s4.w;
-    }
-    const int* valid = sValid + stage * kBlockN + sm_k;
-    float tile_max = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      x[i] = valid[i] ? x[i] * (kRaw ? score_scale : p.sm_scale_log2) : -INFINITY;
-      if constexpr (!kShortChain) tile_max = fmaxf(tile_max, x[i]);
-    }
-    if constexpr (kShortChain) tile_max = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+    float x[4];
+    const float tile_max = tile_scores<kQuarters, kBlockH * kSPitch, kBlockN, kShortChain>(
+        s_in, sValid, stage, sm_k, kRaw ? score_scale : p.sm_scale_log2, x);
     auto exp2_chain = [](float v) { return kShortChain ? exp2_ftz(v) : exp2f(v); };
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, o));
     const float m_new = !kLazy ? fmaxf(m_run, tile_max) : tile_max > m_run + kLazyLog2 ? tile_max : m_run;
     // Nothing valid so far (m_new = -inf): p = 0, state unchanged. Selects, not a branch, so that
     // ptxas may interleave this chain with the P V MMAs beside it.
