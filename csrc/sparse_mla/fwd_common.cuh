@@ -50,6 +50,29 @@ __device__ __forceinline__ float pow2_reciprocal(float x) {
   return __uint_as_float((254u << 23) - (__float_as_uint(x) & 0x7f800000u));
 }
 
+// What one block of either family works on: token t, heads h0 .. h0 + kBlockH - 1 and, of the
+// token's topk_t slots, the kBlockN-row tiles tile_begin .. tile_begin + num_tiles - 1 (split
+// blockIdx.y; none where the split lies past the token's slots). The grid is x = token *
+// head_blocks + head block, y = split (launch_template.cuh).
+struct BlockWork {
+  int t, h0, split, topk_t, tile_begin, num_tiles;
+};
+
+template <int kBlockH, int kBlockN>
+__device__ __forceinline__ BlockWork block_work(const SparseMlaFwdParams& p) {
+  BlockWork w;
+  const int head_blocks = (p.num_heads + kBlockH - 1) / kBlockH;
+  w.t = blockIdx.x / head_blocks;
+  w.h0 = (blockIdx.x % head_blocks) * kBlockH;
+  w.split = blockIdx.y;
+  w.topk_t = token_topk(p, w.t);
+  const int num_tiles_t = (w.topk_t + kBlockN - 1) / kBlockN;
+  w.tile_begin = w.split * p.tiles_per_split;
+  const int tile_end = min(w.tile_begin + p.tiles_per_split, num_tiles_t);
+  w.num_tiles = tile_end > w.tile_begin ? tile_end - w.tile_begin : 0;
+  return w;
+}
+
 // The softmax's first step, the same in both families: a thread's 4 keys (key .. key + 3 of the
 // tile in `stage`) summed over the kParts partial-score buffers (kPartStride floats apart),
 // scaled to base 2, -inf where s_valid says the slot is invalid, and the tile's maximum over the 8

@@ -101,18 +101,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   const int warp = tid >> 5;
   const int grp = warp / kWpg;  // head group of this warp
   const int wq = warp % kWpg;   // its quarter of D (S) and of the 512 output columns (O)
-  const int head_blocks = (p.num_heads + kBlockH - 1) / kBlockH;
-  const int t = blockIdx.x / head_blocks;
-  const int h0 = (blockIdx.x % head_blocks) * kBlockH;
-  const int split = blockIdx.y;
-
-  // This block's KV tiles.
-  const int topk_t = token_topk(p, t);
-  const int num_tiles_t = (topk_t + kBlockN - 1) / kBlockN;
-  const int tile_begin = split * p.tiles_per_split;
-  int tile_end = tile_begin + p.tiles_per_split;
-  tile_end = tile_end < num_tiles_t ? tile_end : num_tiles_t;
-  const int num_tiles = tile_end > tile_begin ? tile_end - tile_begin : 0;
+  const BlockWork work = block_work<kBlockH, kBlockN>(p);
+  const int t = work.t, h0 = work.h0, split = work.split, topk_t = work.topk_t;
+  const int tile_begin = work.tile_begin, num_tiles = work.num_tiles;
 
   // Gather role: thread (row, sub) moves chunks sub, sub + kGatherTpr, ... of rows row,
   // row + kGatherRowStride, ... (kGatherRows of them) of each tile. With cp.async, 8 threads

@@ -74,16 +74,9 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   const int warp = tid >> 5;
   const int dq = warp % kQuarters;  // S: quarter of D
   const int kh = warp / kQuarters;  // S: half of the tile's keys
-  const int head_blocks = (p.num_heads + kBlockH - 1) / kBlockH;
-  const int t = blockIdx.x / head_blocks;
-  const int h0 = (blockIdx.x % head_blocks) * kBlockH;
-  const int split = blockIdx.y;
-
-  const int topk_t = token_topk(p, t);
-  const int num_tiles_t = (topk_t + kBlockN - 1) / kBlockN;
-  const int tile_begin = split * p.tiles_per_split;
-  const int tile_end = min(tile_begin + p.tiles_per_split, num_tiles_t);
-  const int num_tiles = tile_end > tile_begin ? tile_end - tile_begin : 0;
+  const BlockWork work = block_work<kBlockH, kBlockN>(p);
+  const int t = work.t, h0 = work.h0, split = work.split, topk_t = work.topk_t;
+  const int tile_begin = work.tile_begin, num_tiles = work.num_tiles;
 
   // Gather: thread (g_row, g_sub) copies chunks g_sub, g_sub + 8, ... of row g_row of each tile
   // (cp_async_row). Indices are loaded a tile ahead and checked when used (as in the main kernel).
