@@ -515,9 +515,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 
   // Per tile: barrier (tile landed; every warp is past the previous tile, so its stage, sS and
   // sP are free), S, barrier (PairedScores: two, the pairs' sums between), softmax, barrier,
-  // P V. With two stages one tile is in
-  // flight while one is computed; with one (fp8 register path: the next tile waits in registers;
-  // 16-bit: the one-stage variant) the stage is refilled behind one more barrier.
+  // P V. With two stages one tile is in flight while one is computed; with one (fp8 register
+  // path: the next tile waits in registers; 16-bit: the one-stage variant) the stage is refilled
+  // behind one more barrier.
   for (int it = 0; it < num_tiles; ++it) {
     const int stage = it % kStages;
     if constexpr (Traits::kDirectCopy) {
