@@ -159,6 +159,8 @@ def test_shuffles_votes_and_reductions(emulator):
     ("ldmatrix_misaligned", "ldmatrix: a 16-byte row outside the block's shared memory or not 16-byte aligned"),
     # Not a hang: bar.sync counts a warp once its threads that have not exited are there.
     ("named_barrier_with_exited_lanes", "no error"),
+    ("barrier_arrived_twice", "arrived twice at barrier 1 before it completed (block (0, 0) thread 32)"),
+    ("barrier_arrival_never_completed", "barrier 1: threads arrived that no barrier completed"),
 ])
 def test_what_would_hang_or_misbehave_on_the_gpu_is_reported_and_only_that(emulator, name, message):
     assert _check(emulator, name).startswith(message)
@@ -172,6 +174,11 @@ def test_copies_read_before_their_wait_read_nan(emulator):
 def test_a_missing_barrier_shows_when_the_reading_warp_runs_ahead(emulator):
     # Stale reads per schedule: lockstep, warps ahead, warps ahead reversed (2 blocks x 32 reads).
     assert _check(emulator, "missing_barrier").split() == ["0", "0", "64"]
+
+
+def test_an_arrival_hands_over_what_was_written_before_it(emulator):
+    # bar.arrive by the writing warp, bar.sync by the reading one, in every schedule, twice.
+    assert _check(emulator, "arrive_handoff") == "no error: 0; " * 3
 
 
 def test_a_missing_warp_sync_shows_when_the_lanes_run_from_the_last(emulator):

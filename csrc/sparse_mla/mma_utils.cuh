@@ -119,6 +119,14 @@ template <int kId, int kThreads>
 __device__ __forceinline__ void named_barrier_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
+
+// Arrival at named barrier kId of kThreads threads, without waiting: the other side of a
+// producer / consumer pair, whose waiting warps' bar.sync sees this thread's earlier shared-memory
+// accesses performed (PTX ISA, bar / barrier).
+template <int kId, int kThreads>
+__device__ __forceinline__ void named_barrier_arrive() {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
 #endif  // SPARSE_MLA_EMULATION
 
 // Two floats -> packed pair of Element (round to nearest).

@@ -144,6 +144,21 @@ std::string run_check(const std::string& name) {
       sparse_mla::named_barrier_sync<1, 64>();
     });
   }
+  if (name == "barrier_arrived_twice") {  // the second arrival would count towards the same barrier
+    return error_of(emu::Schedule::kLockstep, [] {
+      if (threadIdx.x >= 32) {
+        sparse_mla::named_barrier_arrive<1, 64>();
+        sparse_mla::named_barrier_arrive<1, 64>();
+      } else {
+        sparse_mla::named_barrier_sync<1, 64>();
+      }
+    });
+  }
+  if (name == "barrier_arrival_never_completed") {
+    return error_of(emu::Schedule::kLockstep, [] {
+      if (threadIdx.x >= 32) sparse_mla::named_barrier_arrive<1, 64>();
+    });
+  }
   if (name == "ldmatrix_misaligned") {
     return error_of(emu::Schedule::kLockstep, [] {
       uint32_t r[2];
@@ -191,6 +206,30 @@ std::string run_check(const std::string& name) {
       (void)__shfl_xor_sync(~0u, 0, 1);
       if (threadIdx.x >= 32 && s[threadIdx.x - 32] != 1.f) ++stale;
     });
+  }
+  if (name == "arrive_handoff") {
+    // Warp 1 writes, then arrives at barrier 1 without waiting; warp 0 waits there, then reads.
+    // Two rounds, a block barrier between them: the named barrier completes and starts again.
+    // Per schedule: the error (if any) and the stale reads.
+    std::string seen;
+    for (auto schedule : {emu::Schedule::kLockstep, emu::Schedule::kWarpsAhead, emu::Schedule::kWarpsAheadReversed}) {
+      int stale = 0;
+      const std::string error = error_of(schedule, [&] {
+        float* s = reinterpret_cast<float*>(g_smem);
+        for (int round = 0; round < 2; ++round) {
+          if (threadIdx.x >= 32) {
+            s[threadIdx.x - 32 + 32 * round] = 1.f + round;
+            sparse_mla::named_barrier_arrive<1, 64>();
+          } else {
+            sparse_mla::named_barrier_sync<1, 64>();
+            if (s[threadIdx.x + 32 * round] != 1.f + round) ++stale;
+          }
+          __syncthreads();
+        }
+      });
+      seen += error + ": " + std::to_string(stale) + "; ";
+    }
+    return seen;
   }
   if (name == "missing_warp_sync") {
     // Lane l reads what lane l - 1 wrote, with no warp operation between: only the schedule that

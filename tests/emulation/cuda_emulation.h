@@ -52,6 +52,10 @@ struct Site {
 // Block-wide barrier `id` of `count` threads (count 0: every thread of the block that has not
 // exited, as __syncthreads), reached from `site`; returns the OR of the threads' `predicate`.
 int barrier(int id, int count, int predicate, const Site& site);
+// bar.arrive: the calling thread counts towards named barrier `id` of `count` threads and goes on.
+// A thread that arrives again before the barrier completed, and arrivals that no barrier
+// completed by the block's end, are errors.
+void barrier_arrive(int id, int count);
 
 // Warp-wide operations: the calling lane posts its operands and sleeps until all 32 lanes of its
 // warp have posted the same kind of operation, which the scheduler then completes for all.
@@ -245,6 +249,11 @@ inline uint32_t hmul2(uint32_t a, uint32_t b) {
 template <int kId, int kThreads>
 void named_barrier_sync(EMU_SITE_ARG) {
   emu::barrier(kId, kThreads, 0, site);
+}
+
+template <int kId, int kThreads>
+void named_barrier_arrive() {
+  emu::barrier_arrive(kId, kThreads);
 }
 
 // max.f32 on the GPU returns the other operand for any NaN, signalling ones too; the host's

@@ -49,6 +49,10 @@ struct Block {
   uint8_t* smem = nullptr;  // the block's dynamic shared memory
   size_t smem_bytes = 0;
   bool reversed_lanes = false;
+  // bar.arrive: per named barrier, the lanes of each warp that arrived without waiting since it
+  // last completed, and the thread count they gave (0: none arrived).
+  uint32_t arrived[16][32] = {};
+  int arrive_count[16] = {};
 };
 
 Block g_block;
@@ -210,13 +214,17 @@ bool complete_barriers() {
   const size_t warps = fibers.size() / 32;
   bool progressed = false;
   for (int id = 0; id < 16; ++id) {
-    int arrived = 0, live_warps = 0, count = -1, any = 0;
+    int arrived = 0, live_warps = 0, count = g_block.arrive_count[id] > 0 ? g_block.arrive_count[id] : -1, any = 0;
     for (size_t w = 0; w < warps; ++w) {
       int live = 0, here = 0;
+      uint32_t done = 0;
       Site site{"", 0};
       for (size_t t = w * 32; t < w * 32 + 32; ++t) {
         const Fiber& f = fibers[t];
-        if (f.wait == Wait::kDone) continue;
+        if (f.wait == Wait::kDone) {
+          done |= 1u << (t % 32);
+          continue;
+        }
         ++live;
         if (f.wait != Wait::kBarrier || f.barrier_id != id) continue;
         if (count >= 0 && f.barrier_count != count)
@@ -228,8 +236,11 @@ bool complete_barriers() {
         site = f.site;
         ++here;
       }
+      const uint32_t arrive_mask = g_block.arrived[id][w];
+      if (arrive_mask != 0 && here > 0)
+        abort_block("warp " + std::to_string(w) + " both arrives at and waits at barrier " + std::to_string(id));
       live_warps += live > 0;
-      arrived += live > 0 && here == live;
+      arrived += (live > 0 && here == live) || (arrive_mask != 0 && (arrive_mask | done) == ~0u);
     }
     if (count < 0) continue;
     const int need = count == 0 ? live_warps : count / 32;
@@ -242,6 +253,8 @@ bool complete_barriers() {
         f.barrier_result = any;
       }
     }
+    for (uint32_t& m : g_block.arrived[id]) m = 0;
+    g_block.arrive_count[id] = 0;
     progressed = true;
   }
   return progressed;
@@ -311,6 +324,19 @@ int barrier(int id, int count, int predicate, const Site& site) {
   return f->barrier_result;
 }
 
+void barrier_arrive(int id, int count) {
+  Fiber* f = g_block.running;
+  const unsigned t = f->index.thread_idx.x;
+  if (id <= 0 || id >= 16 || count <= 0) fail("bar.arrive: a named barrier (1-15) with a thread count");
+  if (g_block.arrive_count[id] != 0 && g_block.arrive_count[id] != count)
+    fail(("barrier " + std::to_string(id) + " reached with different thread counts").c_str());
+  uint32_t& mask = g_block.arrived[id][t / 32];
+  if (mask & (1u << (t % 32)))
+    fail(("arrived twice at barrier " + std::to_string(id) + " before it completed").c_str());
+  mask |= 1u << (t % 32);
+  g_block.arrive_count[id] = count;
+}
+
 void warp_op(WarpOp& op, const Site& site) {
   g_block.running->site = site;
   g_block.running->op = &op;
@@ -375,6 +401,9 @@ void run_grid(dim3 grid, dim3 block, uint8_t* smem, size_t smem_bytes, const std
     for (unsigned bx = 0; bx < grid.x; ++bx) {
       if (smem_bytes > 0) std::memset(smem, 0xff, smem_bytes);  // NaN until written
       g_block.error.clear();
+      for (auto& ids : g_block.arrived)
+        for (uint32_t& m : ids) m = 0;
+      for (int& c : g_block.arrive_count) c = 0;
       for (unsigned t = 0; t < threads; ++t) {
         Fiber& f = fibers[t];
         f = Fiber{};
@@ -395,7 +424,13 @@ void run_grid(dim3 grid, dim3 block, uint8_t* smem, size_t smem_bytes, const std
         if (!g_block.error.empty()) break;
         bool done = true;
         for (const Fiber& f : fibers) done &= f.wait == Wait::kDone;
-        if (done) break;
+        if (done) {
+          for (int id = 0; id < 16; ++id) {
+            if (g_block.arrive_count[id] != 0)
+              g_block.error = "barrier " + std::to_string(id) + ": threads arrived that no barrier completed";
+          }
+          break;
+        }
         if (!progressed) {
           g_block.error = "deadlock: no thread can go on (a hang on the GPU)" + describe_waits();
           break;
