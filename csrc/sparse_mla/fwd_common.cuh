@@ -28,6 +28,54 @@ __device__ __forceinline__ void cp_async_row(uint8_t* dst, const uint8_t* src, b
   for (int k = 0; k < kRowBytes / (16 * kTpr); ++k) cp_async_16(dst + k * 16 * kTpr, src + k * 16 * kTpr, valid);
 }
 
+// Row r of the KV cache (zero-filled where r < 0 or r >= num_kv_rows) into row g_row of `stage`
+// of a block's tile ring, by its kTpr threads (g_sub = 0 .. kTpr - 1: chunks g_sub, g_sub + kTpr,
+// ...), and its valid flag into s_valid[stage][g_row]; one cp.async group. Raw fp8 rows (32-41
+// chunks) take the main kernel's loop (bench/HISTORY.md v26).
+template <typename Traits, int kTpr>
+__device__ __forceinline__ void gather_row(const SparseMlaFwdParams& p, uint8_t* s_kv, int* s_valid, int32_t r,
+                                           int stage, int g_row, int g_sub) {
+  constexpr int kChunks = Traits::kGatherRowBytes / 16;
+  const bool valid = r >= 0 && r < p.num_kv_rows;
+  const uint8_t* src = p.kv + (valid ? static_cast<int64_t>(r) : 0) * p.kv_row_stride + g_sub * 16;
+  uint8_t* dst = s_kv + stage * Traits::kSmemKVStageBytes + g_row * Traits::kSmemRowBytes + g_sub * 16;
+  if constexpr (!Traits::kRawFp8) {
+    cp_async_row<Traits::kGatherRowBytes, kTpr>(dst, src, valid);
+  } else {
+#pragma unroll
+    for (int c = 0; c < (kChunks + kTpr - 1) / kTpr; ++c) {
+      if (g_sub + c * kTpr < kChunks) cp_async_16(dst + c * 16 * kTpr, src + c * 16 * kTpr, valid);
+    }
+  }
+  if (g_sub == 0) s_valid[stage * Traits::kBlockN + g_row] = valid;
+  cp_async_commit();
+}
+
+// q of token t, heads h0 .. h0 + kBlockH - 1 (rows past num_heads zero-filled), into s_q
+// [head][kSmemPitch] as given (QElement), q_nope then q_pe, by kThreads threads in 16-byte
+// cp.async chunks; one cp.async group.
+template <typename Traits, int kThreads>
+__device__ __forceinline__ void stage_q(const SparseMlaFwdParams& p, typename Traits::QElement* s_q, int t, int h0,
+                                        int tid) {
+  using QElement = typename Traits::QElement;
+  constexpr int kChunkElems = 16 / sizeof(QElement);
+  constexpr int kQChunks = Traits::kHeadDim / kChunkElems;
+  static_assert(Traits::kBlockH * kQChunks % kThreads == 0);
+#pragma unroll
+  for (int k = 0; k < Traits::kBlockH * kQChunks / kThreads; ++k) {
+    const int c = tid + k * kThreads;
+    const int r = c / kQChunks, col = (c % kQChunks) * kChunkElems;
+    const int h = h0 + r;
+    const bool ok = h < p.num_heads;
+    const int64_t hh = ok ? h : h0;
+    const QElement* qn = static_cast<const QElement*>(p.q_nope) + t * p.q_nope_stride_t + hh * p.q_nope_stride_h;
+    const QElement* qp = p.q_pe == nullptr ? qn
+                         : static_cast<const QElement*>(p.q_pe) + t * p.q_pe_stride_t + hh * p.q_pe_stride_h;
+    cp_async_16(s_q + r * Traits::kSmemPitch + col, col < p.q_nope_dim ? qn + col : qp + (col - p.q_nope_dim), ok);
+  }
+  cp_async_commit();
+}
+
 // Column, within a k-step, of this lane's m16n8k16 A fragment register i: pairs (c, c + 8) with
 // c = 2 (lane % 4); with raw fp8 tiles, whose B fragments hold columns (4j, 4j + 1) and (4j + 2,
 // 4j + 3), j = lane % 4, pairs (c, c + 2) with c = 4 (lane % 4).
@@ -115,8 +163,9 @@ __device__ __forceinline__ float tile_scores(const float* s_in, const int* s_val
 // The epilogue's first half, the same in both families: each head's row sum l, summed over its 8
 // softmax threads (thread tid serves head tid / 8), goes to sL for the output rows; its first
 // thread writes lse, in natural log ((m + log2 l) ln 2 of the base-2 running maximum m; -inf where
-// no slot of this range was valid), to lse, or to this split's partial_lse. Ends on a barrier,
-// after which sL holds every head's l.
+// no slot of this range was valid), to lse, or to this split's partial_lse. Ends on a barrier
+// (the block's, or named barrier kBarrier of kThreads threads), after which sL holds every head's l.
+template <int kBarrier = 0, int kThreads = 0>
 __device__ __forceinline__ void write_lse(const SparseMlaFwdParams& p, float* sL, int t, int h0, int split, int tid,
                                           int sm_h, float m_run, float l_run) {
 #pragma unroll
@@ -132,7 +181,8 @@ __device__ __forceinline__ void write_lse(const SparseMlaFwdParams& p, float* sL
         p.partial_lse[(static_cast<int64_t>(t) * p.num_heads + h) * p.num_splits + split] = lse;
     }
   }
-  __syncthreads();
+  if constexpr (kBarrier == 0) __syncthreads();
+  else named_barrier_sync<kBarrier, kThreads>();
 }
 
 // The epilogue's second half: this thread's share of O's row h (< num_heads), its accumulators

@@ -88,20 +88,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     return tile < num_tiles && j < topk_t ? __ldg(idx_ptr + j) : -1;
   };
   auto issue_row = [&](int32_t r, int stage) {
-    const bool valid = r >= 0 && r < p.num_kv_rows;
-    const uint8_t* src = p.kv + (valid ? static_cast<int64_t>(r) : 0) * p.kv_row_stride + g_sub * 16;
-    uint8_t* dst = sKV + stage * Traits::kSmemKVStageBytes + g_row * Traits::kSmemRowBytes + g_sub * 16;
-    if constexpr (!kRaw) {
-      cp_async_row<Traits::kGatherRowBytes, kLineChunks>(dst, src, valid);
-    } else {  // 36 or 32 chunks: the main kernel's loop (fp8 rows, bench/HISTORY.md v26)
-#pragma unroll
-      for (int c = 0; c < (Traits::kGatherRowBytes / 16 + kLineChunks - 1) / kLineChunks; ++c) {
-        if (g_sub + c * kLineChunks < Traits::kGatherRowBytes / 16)
-          cp_async_16(dst + c * 16 * kLineChunks, src + c * 16 * kLineChunks, valid);
-      }
-    }
-    if (g_sub == 0) sValid[stage * kBlockN + g_row] = valid;
-    cp_async_commit();
+    gather_row<Traits, kLineChunks>(p, sKV, sValid, r, stage, g_row, g_sub);
   };
   // First column of k-step s of quarter dq: its latent steps, then its rope step (D = 576).
   auto step_col = [&](int s) {
@@ -123,24 +110,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
                     kBlockH * kPitch * sizeof(Element) <= Traits::kSmemPOffset - Traits::kSmemKVStageBytes &&
                     (kRaw || kBlockH * kPitch * sizeof(Element) <= Traits::kSmemKVStageBytes),
                 "q of the block fits in stage 1 and the partial-score buffers");
-  {
-    constexpr int kChunkElems = 16 / sizeof(QElement);  // one cp.async
-    constexpr int kQChunks = Traits::kHeadDim / kChunkElems;
-#pragma unroll
-    for (int k = 0; k < kBlockH * kQChunks / Traits::kNumThreads; ++k) {
-      const int c = tid + k * Traits::kNumThreads;
-      const int r = c / kQChunks, col = (c % kQChunks) * kChunkElems;
-      const int h = h0 + r;
-      const bool ok = h < p.num_heads;
-      const int64_t hh = ok ? h : h0;
-      const QElement* qn = static_cast<const QElement*>(p.q_nope) + t * p.q_nope_stride_t + hh * p.q_nope_stride_h;
-      const QElement* qp = p.q_pe == nullptr ? qn
-                           : static_cast<const QElement*>(p.q_pe) + t * p.q_pe_stride_t + hh * p.q_pe_stride_h;
-      cp_async_16(sQ + r * kPitch + col, col < p.q_nope_dim ? qn + col : qp + (col - p.q_nope_dim), ok);
-    }
-    static_assert(kBlockH * kQChunks % Traits::kNumThreads == 0);
-    cp_async_commit();
-  }
+  stage_q<Traits, Traits::kNumThreads>(p, reinterpret_cast<QElement*>(sQ), t, h0, tid);
   issue_row(first, 0);
   cp_async_wait<1>();  // q's group; tile 0's may still be in flight
   __syncthreads();
