@@ -181,6 +181,12 @@ def test_an_arrival_hands_over_what_was_written_before_it(emulator):
     assert _check(emulator, "arrive_handoff") == "no error: 0; " * 3
 
 
+def test_a_read_placed_after_an_arrival_shows_when_the_arrival_waits(emulator):
+    # Stale reads per schedule (2 blocks x 32 reads): warps_ahead holds an arriving warp until the
+    # waiting one has gone on and written.
+    assert _check(emulator, "arrive_before_the_read").split() == ["0", "64", "0"]
+
+
 def test_a_missing_warp_sync_shows_when_the_lanes_run_from_the_last(emulator):
     # Stale reads per schedule (2 blocks x 2 warps x 31 reads): warps_ahead_reversed runs lanes
     # from 31 down.

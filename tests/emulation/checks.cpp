@@ -231,6 +231,21 @@ std::string run_check(const std::string& name) {
     }
     return seen;
   }
+  if (name == "arrive_before_the_read") {
+    // Warp 1 arrives, then reads what warp 0 writes once its wait at the barrier is over: only
+    // the schedule in which an arrival waits for the barrier's waiters shows the read too late.
+    return stale_per_schedule([](float* s, int& stale) {
+      s[threadIdx.x] = 1.f;
+      __syncthreads();
+      if (threadIdx.x >= 32) {
+        sparse_mla::named_barrier_arrive<1, 64>();
+        if (s[threadIdx.x - 32] != 1.f) ++stale;
+      } else {
+        sparse_mla::named_barrier_sync<1, 64>();
+        s[threadIdx.x] = 2.f;
+      }
+    });
+  }
   if (name == "missing_warp_sync") {
     // Lane l reads what lane l - 1 wrote, with no warp operation between: only the schedule that
     // runs a warp's lanes from the last shows it.

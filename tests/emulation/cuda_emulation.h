@@ -52,9 +52,10 @@ struct Site {
 // Block-wide barrier `id` of `count` threads (count 0: every thread of the block that has not
 // exited, as __syncthreads), reached from `site`; returns the OR of the threads' `predicate`.
 int barrier(int id, int count, int predicate, const Site& site);
-// bar.arrive: the calling thread counts towards named barrier `id` of `count` threads and goes on.
-// A thread that arrives again before the barrier completed, and arrivals that no barrier
-// completed by the block's end, are errors.
+// bar.arrive: the calling thread counts towards named barrier `id` of `count` threads and goes on
+// (in Schedule::kWarpsAhead only once the barrier completed and the waiting warps went on). A
+// thread that arrives again before the barrier completed, and arrivals that no barrier completed
+// by the block's end, are errors.
 void barrier_arrive(int id, int count);
 
 // Warp-wide operations: the calling lane posts its operands and sleeps until all 32 lanes of its

@@ -17,7 +17,7 @@ void check_shared_16(const void* p, const char* what);
 
 namespace {
 
-enum class Wait { kNone, kBarrier, kWarp, kDone };
+enum class Wait { kNone, kBarrier, kWarp, kArrived, kDone };
 
 struct Copy {
   uint8_t* dst;
@@ -31,6 +31,7 @@ struct Fiber {
   Wait wait = Wait::kNone;
   bool started = false;
   int barrier_id = 0, barrier_count = 0, predicate = 0, barrier_result = 0;
+  bool held_after_arrival = false;  // kArrived, released once the waiting warps have gone on
   Site site{"", 0};  // of the barrier or warp operation it waits at
   WarpOp* op = nullptr;
   std::vector<Copy> open;                  // cp.async since the last commit
@@ -49,6 +50,7 @@ struct Block {
   uint8_t* smem = nullptr;  // the block's dynamic shared memory
   size_t smem_bytes = 0;
   bool reversed_lanes = false;
+  bool lagging_arrivals = false;  // Schedule::kWarpsAhead: bar.arrive waits (runtime.h)
   // bar.arrive: per named barrier, the lanes of each warp that arrived without waiting since it
   // last completed, and the thread count they gave (0: none arrived).
   uint32_t arrived[16][32] = {};
@@ -252,12 +254,28 @@ bool complete_barriers() {
         f.wait = Wait::kNone;
         f.barrier_result = any;
       }
+      // Lagging arrivals go on only in the next round, after the released waiters.
+      if (f.wait == Wait::kArrived && f.barrier_id == id) f.held_after_arrival = true;
     }
     for (uint32_t& m : g_block.arrived[id]) m = 0;
     g_block.arrive_count[id] = 0;
     progressed = true;
   }
   return progressed;
+}
+
+// Lets the lagging arrivals of barriers that completed before this round go on; returns whether
+// any did. The released waiters have had this round to run on.
+bool release_arrivals() {
+  bool any = false;
+  for (Fiber& f : g_block.fibers) {
+    if (f.wait == Wait::kArrived && f.held_after_arrival) {
+      f.wait = Wait::kNone;
+      f.held_after_arrival = false;
+      any = true;
+    }
+  }
+  return any;
 }
 
 // Runs each lane of warp w that can go on until it waits or exits; returns whether any ran.
@@ -293,6 +311,7 @@ bool step(Schedule schedule) {
       }
     }
   }
+  progressed |= release_arrivals();
   return complete_barriers() || progressed;
 }
 
@@ -301,7 +320,10 @@ std::string describe_waits() {
   int shown = 0;
   for (const Fiber& f : g_block.fibers) {
     if (f.wait == Wait::kDone || shown++ >= 8) continue;
-    s += "; " + where(f) + (f.wait == Wait::kBarrier ? " at barrier " + std::to_string(f.barrier_id) : " at a warp op");
+    s += "; " + where(f) +
+         (f.wait == Wait::kBarrier   ? " at barrier " + std::to_string(f.barrier_id)
+          : f.wait == Wait::kArrived ? " after its arrival at barrier " + std::to_string(f.barrier_id)
+                                     : " at a warp op");
   }
   return s;
 }
@@ -335,6 +357,10 @@ void barrier_arrive(int id, int count) {
     fail(("arrived twice at barrier " + std::to_string(id) + " before it completed").c_str());
   mask |= 1u << (t % 32);
   g_block.arrive_count[id] = count;
+  if (g_block.lagging_arrivals) {
+    f->barrier_id = id;
+    suspend(Wait::kArrived);
+  }
 }
 
 void warp_op(WarpOp& op, const Site& site) {
@@ -392,6 +418,7 @@ void run_grid(dim3 grid, dim3 block, uint8_t* smem, size_t smem_bytes, const std
   g_block.smem = smem;
   g_block.smem_bytes = smem_bytes;
   g_block.reversed_lanes = schedule == Schedule::kWarpsAheadReversed;
+  g_block.lagging_arrivals = schedule == Schedule::kWarpsAhead;
   auto& fibers = g_block.fibers;
   fibers.assign(threads, Fiber{});
   g_block.stacks.resize(threads);

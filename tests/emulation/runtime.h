@@ -20,7 +20,10 @@ class EmulationError : public std::runtime_error {
 // barrier or warp operation, warp after warp, then those complete (every warp at the same pace).
 // kWarpsAhead: warp 0 on until it waits at a barrier, then warp 1, ...; kWarpsAheadReversed the
 // last warp first. The two make a warp read what others have not yet written where a barrier is
-// missing between them, which in lockstep the others have already written.
+// missing between them, which in lockstep the others have already written. In kWarpsAhead a
+// thread that arrives at a named barrier (bar.arrive) waits there until the barrier completes and
+// the waiting warps have gone on (a legal interleaving), so that accesses placed after an arrival
+// that should precede it meet the waiting warps' writes; elsewhere it goes on at once.
 enum class Schedule { kLockstep = 0, kWarpsAhead = 1, kWarpsAheadReversed = 2 };
 
 // Runs `body` as every thread of every block of `grid` (blocks one after another); the block's
