@@ -51,8 +51,8 @@ struct Block {
   size_t smem_bytes = 0;
   bool reversed_lanes = false;
   bool lagging_arrivals = false;  // Schedule::kWarpsAhead: bar.arrive waits (runtime.h)
-  // bar.arrive: per named barrier, the lanes of each warp that arrived without waiting since it
-  // last completed, and the thread count they gave (0: none arrived).
+  // bar.arrive: per named barrier, the lanes of each warp that arrived since it last completed,
+  // and the thread count they gave (0: none arrived).
   uint32_t arrived[16][32] = {};
   int arrive_count[16] = {};
 };
