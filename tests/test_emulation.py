@@ -161,6 +161,9 @@ def test_shuffles_votes_and_reductions(emulator):
     ("named_barrier_with_exited_lanes", "no error"),
     ("barrier_arrived_twice", "arrived twice at barrier 1 before it completed (block (0, 0) thread 32)"),
     ("barrier_arrival_never_completed", "barrier 1: threads arrived that no barrier completed"),
+    ("mbarrier_before_init", "mbarrier: used before mbarrier.init (block (0, 0) thread 0)"),
+    ("mbarrier_arrival_never_completed", "mbarrier: threads arrived that no phase completed"),
+    ("mbarrier_never_completes", "deadlock: no thread can go on (a hang on the GPU); block (0, 0) thread 0 at an mbarrier"),
 ])
 def test_what_would_hang_or_misbehave_on_the_gpu_is_reported_and_only_that(emulator, name, message):
     assert _check(emulator, name).startswith(message)
@@ -185,6 +188,23 @@ def test_a_read_placed_after_an_arrival_shows_when_the_arrival_waits(emulator):
     # Stale reads per schedule (2 blocks x 32 reads): warps_ahead holds an arriving warp until the
     # waiting one has gone on and written.
     assert _check(emulator, "arrive_before_the_read").split() == ["0", "64", "0"]
+
+
+def test_an_mbarrier_hands_over_what_was_written_before_the_arrivals(emulator):
+    # 32 arrivals by the writing warp, a wait for the phase's parity by the reading one, three rounds.
+    assert _check(emulator, "mbarrier_handoff") == "no error: 0; " * 3
+
+
+def test_a_wait_for_the_wrong_parity_reads_early_or_hangs(emulator):
+    # The other parity's phase has completed: the reader goes on before the writer (2 blocks x 32
+    # reads x 3 rounds) where it runs first, and waits forever where the writer arrived first.
+    seen = _check(emulator, "mbarrier_wrong_parity")  # per schedule "error: stale reads; "
+    assert seen.startswith("no error: 192; no error: 192; deadlock: no thread can go on (a hang on the GPU)")
+    assert seen.endswith(" at an mbarrier: 0; ")
+
+
+def test_a_read_placed_after_an_mbarrier_arrival_shows_when_the_arrival_waits(emulator):
+    assert _check(emulator, "mbarrier_arrive_before_the_read").split() == ["0", "64", "0"]
 
 
 def test_a_missing_warp_sync_shows_when_the_lanes_run_from_the_last(emulator):

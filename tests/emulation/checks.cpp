@@ -159,6 +159,26 @@ std::string run_check(const std::string& name) {
       if (threadIdx.x >= 32) sparse_mla::named_barrier_arrive<1, 64>();
     });
   }
+  if (name == "mbarrier_before_init") {
+    return error_of(emu::Schedule::kLockstep, [] { sparse_mla::mbarrier_arrive(reinterpret_cast<uint64_t*>(g_smem)); });
+  }
+  if (name == "mbarrier_arrival_never_completed") {  // 32 of the 64 arrivals its phase needs
+    return error_of(emu::Schedule::kLockstep, [] {
+      uint64_t* bar = reinterpret_cast<uint64_t*>(g_smem);
+      if (threadIdx.x == 0) sparse_mla::mbarrier_init(bar, 64);
+      __syncthreads();
+      if (threadIdx.x >= 32) sparse_mla::mbarrier_arrive(bar);
+    });
+  }
+  if (name == "mbarrier_never_completes") {  // a wait for a phase that lacks an arrival: a hang
+    return error_of(emu::Schedule::kLockstep, [] {
+      uint64_t* bar = reinterpret_cast<uint64_t*>(g_smem);
+      if (threadIdx.x == 0) sparse_mla::mbarrier_init(bar, 33);
+      __syncthreads();
+      if (threadIdx.x >= 32) sparse_mla::mbarrier_arrive(bar);
+      else sparse_mla::mbarrier_wait_parity(bar, 0);
+    });
+  }
   if (name == "ldmatrix_misaligned") {
     return error_of(emu::Schedule::kLockstep, [] {
       uint32_t r[2];
@@ -242,6 +262,50 @@ std::string run_check(const std::string& name) {
         if (s[threadIdx.x - 32] != 1.f) ++stale;
       } else {
         sparse_mla::named_barrier_sync<1, 64>();
+        s[threadIdx.x] = 2.f;
+      }
+    });
+  }
+  if (name == "mbarrier_handoff" || name == "mbarrier_wrong_parity") {
+    // As arrive_handoff, with an mbarrier of 32 arrivals (warp 1's), three rounds: warp 0 waits
+    // for the phase of parity round % 2 (or, wrongly, of the other parity, which has completed).
+    const int flip = name == "mbarrier_wrong_parity";
+    std::string seen;
+    for (auto schedule : {emu::Schedule::kLockstep, emu::Schedule::kWarpsAhead, emu::Schedule::kWarpsAheadReversed}) {
+      int stale = 0;
+      const std::string error = error_of(schedule, [&] {
+        float* s = reinterpret_cast<float*>(g_smem + 16);
+        uint64_t* bar = reinterpret_cast<uint64_t*>(g_smem);
+        if (threadIdx.x == 0) sparse_mla::mbarrier_init(bar, 32);
+        __syncthreads();
+        for (int round = 0; round < 3; ++round) {
+          if (threadIdx.x >= 32) {
+            s[threadIdx.x - 32 + 32 * round] = 1.f + round;
+            sparse_mla::mbarrier_arrive(bar);
+          } else {
+            sparse_mla::mbarrier_wait_parity(bar, (round + flip) % 2);
+            if (s[threadIdx.x + 32 * round] != 1.f + round) ++stale;
+          }
+          __syncthreads();  // the writer at most one phase ahead: parity tells the phases apart
+        }
+      });
+      seen += error + ": " + std::to_string(stale) + "; ";
+    }
+    return seen;
+  }
+  if (name == "mbarrier_arrive_before_the_read") {
+    // As arrive_before_the_read, with an mbarrier: the arrival placed before warp 1's read.
+    return stale_per_schedule([](float* s, int& stale) {
+      uint64_t* bar = reinterpret_cast<uint64_t*>(s);
+      s += 4;
+      s[threadIdx.x] = 1.f;
+      if (threadIdx.x == 0) sparse_mla::mbarrier_init(bar, 32);
+      __syncthreads();
+      if (threadIdx.x >= 32) {
+        sparse_mla::mbarrier_arrive(bar);
+        if (s[threadIdx.x - 32] != 1.f) ++stale;
+      } else {
+        sparse_mla::mbarrier_wait_parity(bar, 0);
         s[threadIdx.x] = 2.f;
       }
     });

@@ -57,6 +57,14 @@ int barrier(int id, int count, int predicate, const Site& site);
 // thread that arrives again before the barrier completed, and arrivals that no barrier completed
 // by the block's end, are errors.
 void barrier_arrive(int id, int count);
+// mbarrier in shared memory (mbarrier.init / arrive / try_wait.parity, .cta): a phase completes
+// with its `count`-th arrival; a wait for the phase of `parity` goes on once that phase completed
+// (at once if it has). As with bar.arrive, in Schedule::kWarpsAhead an arriving thread goes on only
+// once its phase completed and the waiting threads went on. Use before init, and arrivals that
+// completed no phase by the block's end, are errors.
+void mbarrier_init(void* bar, int count);
+void mbarrier_arrive(void* bar);
+void mbarrier_wait_parity(void* bar, int parity);
 
 // Warp-wide operations: the calling lane posts its operands and sleeps until all 32 lanes of its
 // warp have posted the same kind of operation, which the scheduler then completes for all.
@@ -256,6 +264,10 @@ template <int kId, int kThreads>
 void named_barrier_arrive() {
   emu::barrier_arrive(kId, kThreads);
 }
+
+inline void mbarrier_init(uint64_t* bar, int count) { emu::mbarrier_init(bar, count); }
+inline void mbarrier_arrive(uint64_t* bar) { emu::mbarrier_arrive(bar); }
+inline void mbarrier_wait_parity(uint64_t* bar, int parity) { emu::mbarrier_wait_parity(bar, parity); }
 
 // max.f32 on the GPU returns the other operand for any NaN, signalling ones too; the host's
 // fmaxf returns NaN for a signalling NaN. The kernels' unqualified calls find this one first.

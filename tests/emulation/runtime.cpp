@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,7 @@ void check_shared_16(const void* p, const char* what);
 
 namespace {
 
-enum class Wait { kNone, kBarrier, kWarp, kArrived, kDone };
+enum class Wait { kNone, kBarrier, kWarp, kArrived, kMbarrier, kDone };
 
 struct Copy {
   uint8_t* dst;
@@ -32,6 +33,10 @@ struct Fiber {
   bool started = false;
   int barrier_id = 0, barrier_count = 0, predicate = 0, barrier_result = 0;
   bool held_after_arrival = false;  // kArrived, released once the waiting warps have gone on
+  // kMbarrier: the mbarrier waited at and the parity of the phase awaited; kArrived at an
+  // mbarrier: it and the phase arrived in (barrier_id -1).
+  const void* mbarrier = nullptr;
+  int mbarrier_phase = 0;
   Site site{"", 0};  // of the barrier or warp operation it waits at
   WarpOp* op = nullptr;
   std::vector<Copy> open;                  // cp.async since the last commit
@@ -55,6 +60,10 @@ struct Block {
   // and the thread count they gave (0: none arrived).
   uint32_t arrived[16][32] = {};
   int arrive_count[16] = {};
+  struct Mbarrier {
+    int count, pending, phase;
+  };
+  std::map<const void*, Mbarrier> mbarriers;  // by address, from mbarrier.init
 };
 
 Block g_block;
@@ -264,6 +273,22 @@ bool complete_barriers() {
   return progressed;
 }
 
+// Releases the threads whose mbarrier phase completed (waiters) and marks the lagging arrivals
+// of completed phases (released in the next round); returns whether any waiter was released.
+bool complete_mbarriers() {
+  bool progressed = false;
+  for (Fiber& f : g_block.fibers) {
+    if (f.wait == Wait::kMbarrier && (g_block.mbarriers.at(f.mbarrier).phase & 1) != f.mbarrier_phase) {
+      f.wait = Wait::kNone;
+      progressed = true;
+    }
+    if (f.wait == Wait::kArrived && f.barrier_id < 0 && !f.held_after_arrival &&
+        g_block.mbarriers.at(f.mbarrier).phase > f.mbarrier_phase)
+      f.held_after_arrival = true;
+  }
+  return progressed;
+}
+
 // Lets the lagging arrivals of barriers that completed before this round go on; returns whether
 // any did. The released waiters have had this round to run on.
 bool release_arrivals() {
@@ -312,6 +337,7 @@ bool step(Schedule schedule) {
     }
   }
   progressed |= release_arrivals();
+  progressed |= complete_mbarriers();
   return complete_barriers() || progressed;
 }
 
@@ -322,6 +348,8 @@ std::string describe_waits() {
     if (f.wait == Wait::kDone || shown++ >= 8) continue;
     s += "; " + where(f) +
          (f.wait == Wait::kBarrier   ? " at barrier " + std::to_string(f.barrier_id)
+          : f.wait == Wait::kMbarrier ? std::string(" at an mbarrier")
+          : f.wait == Wait::kArrived && f.barrier_id < 0 ? std::string(" after its arrival at an mbarrier")
           : f.wait == Wait::kArrived ? " after its arrival at barrier " + std::to_string(f.barrier_id)
                                      : " at a warp op");
   }
@@ -361,6 +389,47 @@ void barrier_arrive(int id, int count) {
     f->barrier_id = id;
     suspend(Wait::kArrived);
   }
+}
+
+namespace {
+Block::Mbarrier& mbarrier_at(const void* bar) {
+  const auto it = g_block.mbarriers.find(bar);
+  if (it == g_block.mbarriers.end()) fail("mbarrier: used before mbarrier.init");
+  return it->second;
+}
+}  // namespace
+
+void mbarrier_init(void* bar, int count) {
+  const auto* b = static_cast<const uint8_t*>(bar);
+  if (reinterpret_cast<uintptr_t>(bar) % 8 != 0 || b < g_block.smem || b + 8 > g_block.smem + g_block.smem_bytes)
+    fail("mbarrier.init: 8 bytes of the block's shared memory, 8-byte aligned");
+  if (count <= 0) fail("mbarrier.init: a positive arrival count");
+  std::memset(bar, 0, 8);  // its bytes are the barrier's, not NaN poison
+  g_block.mbarriers[bar] = {count, count, 0};
+}
+
+void mbarrier_arrive(void* bar) {
+  Block::Mbarrier& m = mbarrier_at(bar);
+  Fiber* f = g_block.running;
+  const int phase = m.phase;
+  if (--m.pending == 0) {
+    m.pending = m.count;
+    ++m.phase;
+  }
+  if (g_block.lagging_arrivals) {
+    f->barrier_id = -1;
+    f->mbarrier = bar;
+    f->mbarrier_phase = phase;
+    suspend(Wait::kArrived);
+  }
+}
+
+void mbarrier_wait_parity(void* bar, int parity) {
+  Fiber* f = g_block.running;
+  if ((mbarrier_at(bar).phase & 1) != (parity & 1)) return;  // that phase completed
+  f->mbarrier = bar;
+  f->mbarrier_phase = parity & 1;
+  suspend(Wait::kMbarrier);
 }
 
 void warp_op(WarpOp& op, const Site& site) {
@@ -431,6 +500,7 @@ void run_grid(dim3 grid, dim3 block, uint8_t* smem, size_t smem_bytes, const std
       for (auto& ids : g_block.arrived)
         for (uint32_t& m : ids) m = 0;
       for (int& c : g_block.arrive_count) c = 0;
+      g_block.mbarriers.clear();
       for (unsigned t = 0; t < threads; ++t) {
         Fiber& f = fibers[t];
         f = Fiber{};
@@ -455,6 +525,9 @@ void run_grid(dim3 grid, dim3 block, uint8_t* smem, size_t smem_bytes, const std
           for (int id = 0; id < 16; ++id) {
             if (g_block.arrive_count[id] != 0)
               g_block.error = "barrier " + std::to_string(id) + ": threads arrived that no barrier completed";
+          }
+          for (const auto& [bar, m] : g_block.mbarriers) {
+            if (m.pending != m.count) g_block.error = "mbarrier: threads arrived that no phase completed";
           }
           break;
         }
