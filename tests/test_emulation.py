@@ -162,6 +162,8 @@ def test_shuffles_votes_and_reductions(emulator):
     ("barrier_arrived_twice", "arrived twice at barrier 1 before it completed (block (0, 0) thread 32)"),
     ("barrier_arrival_never_completed", "barrier 1: threads arrived that no barrier completed"),
     ("mbarrier_before_init", "mbarrier: used before mbarrier.init (block (0, 0) thread 0)"),
+    ("mbarrier_init_misaligned", "mbarrier.init: 8 bytes of the block's shared memory, 8-byte aligned"),
+    ("mbarrier_init_no_arrivals", "mbarrier.init: a positive arrival count"),
     ("mbarrier_arrival_never_completed", "mbarrier: threads arrived that no phase completed"),
     ("mbarrier_never_completes", "deadlock: no thread can go on (a hang on the GPU); block (0, 0) thread 0 at an mbarrier"),
 ])

@@ -162,6 +162,13 @@ std::string run_check(const std::string& name) {
   if (name == "mbarrier_before_init") {
     return error_of(emu::Schedule::kLockstep, [] { sparse_mla::mbarrier_arrive(reinterpret_cast<uint64_t*>(g_smem)); });
   }
+  if (name == "mbarrier_init_misaligned" || name == "mbarrier_init_no_arrivals") {
+    const bool misaligned = name == "mbarrier_init_misaligned";
+    return error_of(emu::Schedule::kLockstep, [misaligned] {
+      uint64_t* bar = reinterpret_cast<uint64_t*>(g_smem + (misaligned ? 4 : 0));
+      if (threadIdx.x == 0) sparse_mla::mbarrier_init(bar, misaligned ? 32 : 0);
+    });
+  }
   if (name == "mbarrier_arrival_never_completed") {  // 32 of the 64 arrivals its phase needs
     return error_of(emu::Schedule::kLockstep, [] {
       uint64_t* bar = reinterpret_cast<uint64_t*>(g_smem);
@@ -208,16 +215,18 @@ std::string run_check(const std::string& name) {
     });
     return std::to_string(nan);
   }
-  // Stale reads counted by `read`, per schedule (lockstep, warps ahead, warps ahead reversed).
-  auto stale_per_schedule = [&](const std::function<void(float*, int&)>& read) {
+  // Per schedule (lockstep, warps ahead, warps ahead reversed): the stale reads counted by `read`
+  // ("n "), or with `errors` also the emulation's error ("error: n; ").
+  auto per_schedule = [&](bool errors, const std::function<void(float*, int&)>& read) {
     std::string seen;
     for (auto schedule : {emu::Schedule::kLockstep, emu::Schedule::kWarpsAhead, emu::Schedule::kWarpsAheadReversed}) {
       int stale = 0;
-      error_of(schedule, [&] { read(reinterpret_cast<float*>(g_smem), stale); });
-      seen += std::to_string(stale) + " ";
+      const std::string error = error_of(schedule, [&] { read(reinterpret_cast<float*>(g_smem), stale); });
+      seen += errors ? error + ": " + std::to_string(stale) + "; " : std::to_string(stale) + " ";
     }
     return seen;
   };
+  auto stale_per_schedule = [&](const std::function<void(float*, int&)>& read) { return per_schedule(false, read); };
   if (name == "missing_barrier") {
     // Warp 1 reads what warp 0 writes with no barrier between: only a schedule that lets warp 1
     // run ahead shows it.
@@ -230,26 +239,18 @@ std::string run_check(const std::string& name) {
   if (name == "arrive_handoff") {
     // Warp 1 writes, then arrives at barrier 1 without waiting; warp 0 waits there, then reads.
     // Two rounds, a block barrier between them: the named barrier completes and starts again.
-    // Per schedule: the error (if any) and the stale reads.
-    std::string seen;
-    for (auto schedule : {emu::Schedule::kLockstep, emu::Schedule::kWarpsAhead, emu::Schedule::kWarpsAheadReversed}) {
-      int stale = 0;
-      const std::string error = error_of(schedule, [&] {
-        float* s = reinterpret_cast<float*>(g_smem);
-        for (int round = 0; round < 2; ++round) {
-          if (threadIdx.x >= 32) {
-            s[threadIdx.x - 32 + 32 * round] = 1.f + round;
-            sparse_mla::named_barrier_arrive<1, 64>();
-          } else {
-            sparse_mla::named_barrier_sync<1, 64>();
-            if (s[threadIdx.x + 32 * round] != 1.f + round) ++stale;
-          }
-          __syncthreads();
+    return per_schedule(true, [](float* s, int& stale) {
+      for (int round = 0; round < 2; ++round) {
+        if (threadIdx.x >= 32) {
+          s[threadIdx.x - 32 + 32 * round] = 1.f + round;
+          sparse_mla::named_barrier_arrive<1, 64>();
+        } else {
+          sparse_mla::named_barrier_sync<1, 64>();
+          if (s[threadIdx.x + 32 * round] != 1.f + round) ++stale;
         }
-      });
-      seen += error + ": " + std::to_string(stale) + "; ";
-    }
-    return seen;
+        __syncthreads();
+      }
+    });
   }
   if (name == "arrive_before_the_read") {
     // Warp 1 arrives, then reads what warp 0 writes once its wait at the barrier is over: only
@@ -270,28 +271,22 @@ std::string run_check(const std::string& name) {
     // As arrive_handoff, with an mbarrier of 32 arrivals (warp 1's), three rounds: warp 0 waits
     // for the phase of parity round % 2 (or, wrongly, of the other parity, which has completed).
     const int flip = name == "mbarrier_wrong_parity";
-    std::string seen;
-    for (auto schedule : {emu::Schedule::kLockstep, emu::Schedule::kWarpsAhead, emu::Schedule::kWarpsAheadReversed}) {
-      int stale = 0;
-      const std::string error = error_of(schedule, [&] {
-        float* s = reinterpret_cast<float*>(g_smem + 16);
-        uint64_t* bar = reinterpret_cast<uint64_t*>(g_smem);
-        if (threadIdx.x == 0) sparse_mla::mbarrier_init(bar, 32);
-        __syncthreads();
-        for (int round = 0; round < 3; ++round) {
-          if (threadIdx.x >= 32) {
-            s[threadIdx.x - 32 + 32 * round] = 1.f + round;
-            sparse_mla::mbarrier_arrive(bar);
-          } else {
-            sparse_mla::mbarrier_wait_parity(bar, (round + flip) % 2);
-            if (s[threadIdx.x + 32 * round] != 1.f + round) ++stale;
-          }
-          __syncthreads();  // the writer at most one phase ahead: parity tells the phases apart
+    return per_schedule(true, [flip](float* s, int& stale) {
+      uint64_t* bar = reinterpret_cast<uint64_t*>(s);
+      s += 4;
+      if (threadIdx.x == 0) sparse_mla::mbarrier_init(bar, 32);
+      __syncthreads();
+      for (int round = 0; round < 3; ++round) {
+        if (threadIdx.x >= 32) {
+          s[threadIdx.x - 32 + 32 * round] = 1.f + round;
+          sparse_mla::mbarrier_arrive(bar);
+        } else {
+          sparse_mla::mbarrier_wait_parity(bar, (round + flip) % 2);
+          if (s[threadIdx.x + 32 * round] != 1.f + round) ++stale;
         }
-      });
-      seen += error + ": " + std::to_string(stale) + "; ";
-    }
-    return seen;
+        __syncthreads();  // the writer at most one phase ahead: parity tells the phases apart
+      }
+    });
   }
   if (name == "mbarrier_arrive_before_the_read") {
     // As arrive_before_the_read, with an mbarrier: the arrival placed before warp 1's read.

@@ -34,9 +34,10 @@ struct Fiber {
   int barrier_id = 0, barrier_count = 0, predicate = 0, barrier_result = 0;
   bool held_after_arrival = false;  // kArrived, released once the waiting warps have gone on
   // kMbarrier: the mbarrier waited at and the parity of the phase awaited; kArrived at an
-  // mbarrier: it and the phase arrived in (barrier_id -1).
+  // mbarrier (barrier_id -1): it and the phase arrived in.
   const void* mbarrier = nullptr;
-  int mbarrier_phase = 0;
+  int awaited_parity = 0;
+  int arrival_phase = 0;
   Site site{"", 0};  // of the barrier or warp operation it waits at
   WarpOp* op = nullptr;
   std::vector<Copy> open;                  // cp.async since the last commit
@@ -278,12 +279,12 @@ bool complete_barriers() {
 bool complete_mbarriers() {
   bool progressed = false;
   for (Fiber& f : g_block.fibers) {
-    if (f.wait == Wait::kMbarrier && (g_block.mbarriers.at(f.mbarrier).phase & 1) != f.mbarrier_phase) {
+    if (f.wait == Wait::kMbarrier && (g_block.mbarriers.at(f.mbarrier).phase & 1) != f.awaited_parity) {
       f.wait = Wait::kNone;
       progressed = true;
     }
     if (f.wait == Wait::kArrived && f.barrier_id < 0 && !f.held_after_arrival &&
-        g_block.mbarriers.at(f.mbarrier).phase > f.mbarrier_phase)
+        g_block.mbarriers.at(f.mbarrier).phase > f.arrival_phase)
       f.held_after_arrival = true;
   }
   return progressed;
@@ -419,7 +420,7 @@ void mbarrier_arrive(void* bar) {
   if (g_block.lagging_arrivals) {
     f->barrier_id = -1;
     f->mbarrier = bar;
-    f->mbarrier_phase = phase;
+    f->arrival_phase = phase;
     suspend(Wait::kArrived);
   }
 }
@@ -428,7 +429,7 @@ void mbarrier_wait_parity(void* bar, int parity) {
   Fiber* f = g_block.running;
   if ((mbarrier_at(bar).phase & 1) != (parity & 1)) return;  // that phase completed
   f->mbarrier = bar;
-  f->mbarrier_phase = parity & 1;
+  f->awaited_parity = parity & 1;
   suspend(Wait::kMbarrier);
 }
 
