@@ -27,7 +27,7 @@ def main() -> None:
         ap.error("--calls must be >= 1")
     device = torch.device("cuda")
     head_size, topk, _, sm_scale = bench.MODELS[args.model]
-    cache, name, k_scale = bench._pool(args.kv, head_size, device)
+    cache, name, k_scale = bench.random_pool(args.kv, head_size, device)
     gen = torch.Generator(device=device).manual_seed(1)
     q = torch.randn(args.tokens, args.heads, head_size, device=device, dtype=torch.bfloat16, generator=gen)
     idx = torch.randint(0, bench.POOL_ROWS, (args.tokens, topk), device=device, dtype=torch.int32, generator=gen)

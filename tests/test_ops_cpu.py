@@ -491,6 +491,13 @@ def test_bench_command_line_narrows_the_shapes(monkeypatch):
             cli.main(["bench", option, bad])
 
 
+def test_time_ms_sizes_its_graph_from_a_two_call_estimate(monkeypatch):
+    calls = []
+    monkeypatch.setattr(bench, "_median_ms", lambda fn, reps, sets: calls.append((reps, sets)) or 0.5)
+    assert bench.time_ms(None) == 0.5
+    assert calls == [(2, bench.INDEX_SETS), (40, bench.INDEX_SETS)]  # 20 ms of 0.5 ms calls
+
+
 def test_bench_peers_that_cannot_run_or_disagree_are_noted_not_timed(monkeypatch):
     """vLLM's kernels are optional in bench: one that raises, or whose output is not this kernel's
     (a misused interface), gets a line in the notes and no time; one that agrees is timed."""

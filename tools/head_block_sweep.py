@@ -33,7 +33,7 @@ def sweep(kv_dtypes: list[str], tokens: list[int]) -> list[dict]:
     rows = []
     for model, (head_size, topk, heads, sm_scale) in bench.MODELS.items():
         for kv_dtype in kv_dtypes:
-            cache, name, k_scale = bench._pool(kv_dtype, head_size, device)
+            cache, name, k_scale = bench.random_pool(kv_dtype, head_size, device)
             for num_heads in (h for h in heads if h > 16):
                 for num_tokens in tokens:
                     q = torch.randn(num_tokens, num_heads, head_size, device=device, dtype=torch.bfloat16,
@@ -49,8 +49,7 @@ def sweep(kv_dtypes: list[str], tokens: list[int]) -> list[dict]:
                                                     out=out, lse=lse, workspace=ws, block_heads=block_heads)
 
                         time.sleep(0.2)
-                        est = bench._median_ms(attn, 2, bench.INDEX_SETS)
-                        us[label] = bench._median_ms(attn, bench._reps(est), bench.INDEX_SETS) * 1e3
+                        us[label] = bench.time_ms(attn) * 1e3
                     rows.append(dict(model=model, num_heads=num_heads, num_tokens=num_tokens, kv_cache_dtype=kv_dtype,
                                      us_16=us["16"], us_32=us["32"], us_planned=us["planned"],
                                      t16_over_t32=us["16"] / us["32"]))

@@ -27,7 +27,7 @@ def measure(model: str, kv_dtype: str, tokens: list[int], copies: list[int]) -> 
     ``tbps_unique`` and ``over_one`` (µs against copies = 1); each line also printed."""
     device = torch.device("cuda", torch.cuda.current_device())
     head_size, topk, _, _ = bench.MODELS[model]
-    cache, name, _ = bench._pool(kv_dtype, head_size, device)
+    cache, name, _ = bench.random_pool(kv_dtype, head_size, device)
     row_bytes = formats.kv_row_bytes(name, head_size)
     flat = cache.view(torch.uint8).view(bench.POOL_ROWS, row_bytes)
     checksum = torch.zeros(1024, dtype=torch.int32, device=device)
@@ -45,8 +45,7 @@ def measure(model: str, kv_dtype: str, tokens: list[int], copies: list[int]) -> 
             def gather(i, sets=reps_sets):
                 torch.ops.sparse_mla_bw.bench_gather_rows(flat, sets[i], checksum)
 
-            est = bench._median_ms(gather, 2, bench.INDEX_SETS)
-            us = bench._median_ms(gather, bench._reps(est), bench.INDEX_SETS) * 1e3
+            us = bench.time_ms(gather) * 1e3
             unique = num_tokens * topk * row_bytes
             base_us = base_us or us
             row = dict(model=model, kv=kv_dtype, tokens=num_tokens, copies=c, us=us,

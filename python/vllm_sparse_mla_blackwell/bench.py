@@ -104,6 +104,12 @@ def _reps(estimate_ms: float) -> int:
     return int(min(200, max(4, 20 / max(estimate_ms, 1e-3))))
 
 
+def time_ms(fn, sets: int = INDEX_SETS) -> float:
+    """Per-call time in ms of fn(i % sets), timed as ``_median_ms`` does with enough calls per graph
+    for ~20 ms of work (from a 2-call estimate)."""
+    return _median_ms(fn, _reps(_median_ms(fn, 2, sets)), sets)
+
+
 def measure_mma_peak(device, dtype: str = "bf16") -> float | None:
     """mma.sync peak in TFLOP/s of ``dtype``: "bf16" or "fp16" (m16n8k16) or "e4m3" (m16n8k32),
     fp32 accumulators, register-only loop on every SM. None for e4m3 where the GPU (compute
@@ -130,7 +136,11 @@ def cache_layout(kv_dtype: str, head_size: int) -> tuple[torch.dtype, int]:
     return torch.uint8, width
 
 
-def _pool(kv_dtype: str, head_size: int, device) -> tuple[torch.Tensor, str, torch.Tensor | None]:
+def random_pool(kv_dtype: str, head_size: int, device) -> tuple[torch.Tensor, str, torch.Tensor | None]:
+    """bench's cache: POOL_ROWS rows of random bf16 latent (and rope) values (seed 0) written in
+    ``kv_dtype``'s format (a ``KV_DTYPES`` name) by the project's cache writer, as
+    [POOL_ROWS / 64, 64, row width] (``cache_layout``). Returns the cache, the vLLM
+    ``kv_cache_dtype`` name, and fp8_e4m3's per-tensor ``k_scale`` (0.02; None otherwise)."""
     gen = torch.Generator(device=device).manual_seed(0)
     kv_c = torch.randn(POOL_ROWS, 512, device=device, generator=gen, dtype=torch.bfloat16)
     k_pe = (torch.randn(POOL_ROWS, head_size - 512, device=device, generator=gen, dtype=torch.bfloat16)
@@ -278,7 +288,7 @@ def run(models=MODELS, tokens=TOKENS, kv_dtypes=KV_DTYPES, idle_s: float = 1.0, 
         for kv_dtype in kv_dtypes:
             key = (kv_dtype, head_size)
             if key not in pools:
-                pools[key] = _pool(kv_dtype, head_size, device)
+                pools[key] = random_pool(kv_dtype, head_size, device)
             cache, name, k_scale = pools[key]
             row_bytes = formats.kv_row_bytes(name, head_size)
             flat = cache.view(torch.uint8).view(POOL_ROWS, row_bytes)
