@@ -49,19 +49,22 @@ def unavailable() -> str | None:
     return None
 
 
-def build(build_dir: pathlib.Path, jobs: int = 2, root: pathlib.Path = ROOT) -> pathlib.Path:
+def build(build_dir: pathlib.Path, jobs: int = 2, root: pathlib.Path = ROOT,
+          target: str = "sparse_mla_emulator") -> pathlib.Path:
     """Configures the project at ``root`` (this checkout, or a copy with a change applied) in
-    ``build_dir`` (tests on, no torch module) and builds the emulator library; returns its path.
-    Raises subprocess.CalledProcessError with CMake's output."""
+    ``build_dir`` (tests on, no torch module) and builds ``target``: the emulator library (its
+    path returned), or ``sparse_mla_race_check`` (the same kernels under ThreadSanitizer, a
+    program: tests/emulation/race_check.cpp; its path returned). Raises
+    subprocess.CalledProcessError with CMake's output."""
     env = dict(os.environ)
     env.setdefault("CUDACXX", nvcc() or "nvcc")
     for cmd in (["cmake", "-S", str(root), "-B", str(build_dir), "-DSPARSE_MLA_BUILD_TESTS=ON",
                  "-DSPARSE_MLA_BUILD_TORCH=OFF", "-DGLM53_ARCHS=80", "-DCMAKE_BUILD_TYPE=Release"],
-                ["cmake", "--build", str(build_dir), "--target", "sparse_mla_emulator", "-j", str(jobs)]):
+                ["cmake", "--build", str(build_dir), "--target", target, "-j", str(jobs)]):
         run = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if run.returncode != 0:
             raise subprocess.CalledProcessError(run.returncode, cmd, run.stdout[-4000:], run.stderr[-4000:])
-    return build_dir / LIBRARY
+    return build_dir / (LIBRARY if target == "sparse_mla_emulator" else target)
 
 
 class _Tensor(ctypes.Structure):

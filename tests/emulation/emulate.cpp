@@ -15,37 +15,6 @@ namespace sparse_mla {
 alignas(128) uint8_t smem[kEmulatedSmemBytes];
 }  // namespace sparse_mla
 
-// The argument structs, as tests/emulation/__init__.py mirrors them (ctypes).
-// A host tensor as the checks see it (api.h TensorDesc). `defined` 0: absent (an empty tensor has
-// a null data pointer, so that cannot tell).
-struct EmuTensor {
-  int32_t defined;
-  const void* data;
-  int32_t dtype;  // api.h ScalarType
-  int32_t dim;
-  int64_t sizes[4];
-  int64_t strides[4];  // elements
-  int64_t element_size;
-};
-
-struct EmuFwdArgs {
-  EmuTensor q, q_pe, kv_cache, indices, topk_len, k_scale, out, lse;
-  double sm_scale;
-  int64_t topk;  // -1: indices.size(1)
-  const char* kv_cache_dtype;
-  int64_t block_heads;  // 16 or 32 (0: planned)
-  int32_t variant;      // params.h FwdVariant
-  int32_t num_splits;   // >= 1: splits of the top-k axis (the combine runs when > 1)
-  int32_t combine_split_groups;  // 1 or kCombineDecodeSplitGroups, for split launches
-  int32_t schedule;              // runtime.h emu::Schedule
-};
-
-struct EmuCacheArgs {
-  EmuTensor kv_c, k_pe, kv_cache, slot_mapping, k_scale;
-  const char* kv_cache_dtype;
-  int32_t schedule;  // runtime.h emu::Schedule
-};
-
 namespace {
 
 sparse_mla::TensorDesc tensor_desc(const EmuTensor& t) {

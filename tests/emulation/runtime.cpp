@@ -12,7 +12,51 @@
 #include <string>
 #include <vector>
 
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+extern "C" void AnnotateIgnoreReadsBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreReadsEnd(const char* file, int line);
+extern "C" void AnnotateIgnoreWritesBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreWritesEnd(const char* file, int line);
+#endif
+
 namespace emu {
+
+// ThreadSanitizer's view of the emulation (a -fsanitize=thread build, tests/emulation/race_check.cpp):
+// every thread is a TSan fiber; the kernel's memory accesses are checked, the runtime's own
+// bookkeeping (and the scheduler's) is not; a barrier, warp operation or mbarrier phase is an
+// object that its arrivals release and its waiters acquire (one per generation), so TSan reports
+// two threads' accesses that no barrier orders, as racecheck would on the GPU. Nothing otherwise.
+namespace tsan {
+#if defined(__SANITIZE_THREAD__)
+struct Ignore {
+  Ignore() {
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+    AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+  }
+  ~Ignore() {
+    AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+  }
+};
+void release(const void* sync) { __tsan_release(const_cast<void*>(sync)); }
+void acquire(const void* sync) { __tsan_acquire(const_cast<void*>(sync)); }
+void* create_fiber() { return __tsan_create_fiber(0); }
+void destroy_fiber(void* fiber) { __tsan_destroy_fiber(fiber); }
+void* current_fiber() { return __tsan_get_current_fiber(); }
+void switch_to(void* fiber) { __tsan_switch_to_fiber(fiber, __tsan_switch_to_fiber_no_sync); }
+#else
+struct Ignore {
+  Ignore() {}  // user-provided: no unused-variable warning where it is all a guard does
+};
+void release(const void*) {}
+void acquire(const void*) {}
+void* create_fiber() { return nullptr; }
+void destroy_fiber(void*) {}
+void* current_fiber() { return nullptr; }
+void switch_to(void*) {}
+#endif
+}  // namespace tsan
 
 void check_shared_16(const void* p, const char* what);
 
@@ -40,6 +84,8 @@ struct Fiber {
   int arrival_phase = 0;
   Site site{"", 0};  // of the barrier or warp operation it waits at
   WarpOp* op = nullptr;
+  void* tsan_fiber = nullptr;
+  const void* sync = nullptr;  // the generation of the barrier or warp operation it waits at
   std::vector<Copy> open;                  // cp.async since the last commit
   std::deque<std::vector<Copy>> groups;    // committed, oldest first
 };
@@ -63,11 +109,25 @@ struct Block {
   int arrive_count[16] = {};
   struct Mbarrier {
     int count, pending, phase;
+    const void* phase_sync = nullptr;            // the phase in progress
+    const void* completed_sync[2] = {nullptr, nullptr};  // the last completed phase of each parity
   };
   std::map<const void*, Mbarrier> mbarriers;  // by address, from mbarrier.init
+  // TSan sync objects: a new one per generation (stable addresses), of each named barrier and
+  // each warp's warp operations; the scheduler's fiber.
+  std::deque<char> sync_pool;
+  const void* barrier_sync[16] = {};
+  std::vector<const void*> warp_sync;
+  void* scheduler_fiber = nullptr;
 };
 
 Block g_block;
+char g_block_start, g_block_end;  // TSan: what came before a block, and what it did, in order
+
+const void* new_sync() {
+  g_block.sync_pool.push_back(0);
+  return &g_block.sync_pool.back();
+}
 
 [[noreturn]] void abort_block(const std::string& what) { throw EmulationError(what); }
 
@@ -79,20 +139,29 @@ std::string where(const Fiber& f) {
 void suspend(Wait wait) {
   Fiber* f = g_block.running;
   f->wait = wait;
+  tsan::switch_to(g_block.scheduler_fiber);
   swapcontext(&f->context, &g_block.scheduler);
   if (!g_block.error.empty()) throw EmulationError(g_block.error);  // unwinding a failed block
 }
 
 void trampoline() {
   Fiber* f = g_block.running;
+  tsan::acquire(&g_block_start);
   try {
     (*g_block.body)();
+    tsan::Ignore ignore;
     if ((!f->open.empty() || !f->groups.empty()) && g_block.error.empty())
       g_block.error = "cp.async copies still in flight when " + where(*f) + " exited";
   } catch (const std::exception& e) {  // anything else would end the host process
+    tsan::Ignore ignore;
     if (g_block.error.empty()) g_block.error = e.what();
   }
-  f->wait = Wait::kDone;
+  tsan::release(&g_block_end);
+  {
+    tsan::Ignore ignore;
+    f->wait = Wait::kDone;
+  }
+  tsan::switch_to(g_block.scheduler_fiber);
   swapcontext(&f->context, &g_block.scheduler);
 }
 
@@ -206,6 +275,7 @@ void complete_warp(Fiber* lanes) {
       break;
   }
   for (int l = 0; l < 32; ++l) lanes[l].wait = Wait::kNone;
+  g_block.warp_sync[(lanes - g_block.fibers.data()) / 32] = new_sync();
 }
 
 // Completes warp w's operation if all its lanes wait at one; returns whether it did.
@@ -269,6 +339,7 @@ bool complete_barriers() {
     }
     for (uint32_t& m : g_block.arrived[id]) m = 0;
     g_block.arrive_count[id] = 0;
+    g_block.barrier_sync[id] = new_sync();
     progressed = true;
   }
   return progressed;
@@ -312,6 +383,7 @@ bool run_lanes(size_t w) {
     if (f.wait != Wait::kNone) continue;
     f.started = true;
     g_block.running = &f;
+    tsan::switch_to(f.tsan_fiber);
     swapcontext(&g_block.scheduler, &f.context);
     g_block.running = nullptr;
     ran = true;
@@ -359,23 +431,32 @@ std::string describe_waits() {
 
 }  // namespace
 
-const ThreadIndex& current() { return g_block.running->index; }
+const ThreadIndex& current() {
+  tsan::Ignore ignore;
+  return g_block.running->index;
+}
 
 [[noreturn]] void fail(const char* what) {
+  tsan::Ignore ignore;
   abort_block(std::string(what) + (g_block.running ? " (" + where(*g_block.running) + ")" : ""));
 }
 
 int barrier(int id, int count, int predicate, const Site& site) {
+  tsan::Ignore ignore;
   Fiber* f = g_block.running;
   f->site = site;
   f->barrier_id = id;
   f->barrier_count = count;
   f->predicate = predicate;
+  f->sync = g_block.barrier_sync[id];
+  tsan::release(f->sync);
   suspend(Wait::kBarrier);
+  tsan::acquire(f->sync);
   return f->barrier_result;
 }
 
 void barrier_arrive(int id, int count) {
+  tsan::Ignore ignore;
   Fiber* f = g_block.running;
   const unsigned t = f->index.thread_idx.x;
   if (id <= 0 || id >= 16 || count <= 0) fail("bar.arrive: a named barrier (1-15) with a thread count");
@@ -386,6 +467,7 @@ void barrier_arrive(int id, int count) {
     fail(("arrived twice at barrier " + std::to_string(id) + " before it completed").c_str());
   mask |= 1u << (t % 32);
   g_block.arrive_count[id] = count;
+  tsan::release(g_block.barrier_sync[id]);
   if (g_block.lagging_arrivals) {
     f->barrier_id = id;
     suspend(Wait::kArrived);
@@ -401,20 +483,25 @@ Block::Mbarrier& mbarrier_at(const void* bar) {
 }  // namespace
 
 void mbarrier_init(void* bar, int count) {
+  tsan::Ignore ignore;
   const auto* b = static_cast<const uint8_t*>(bar);
   if (reinterpret_cast<uintptr_t>(bar) % 8 != 0 || b < g_block.smem || b + 8 > g_block.smem + g_block.smem_bytes)
     fail("mbarrier.init: 8 bytes of the block's shared memory, 8-byte aligned");
   if (count <= 0) fail("mbarrier.init: a positive arrival count");
   std::memset(bar, 0, 8);  // its bytes are the barrier's, not NaN poison
-  g_block.mbarriers[bar] = {count, count, 0};
+  g_block.mbarriers[bar] = {count, count, 0, new_sync()};
 }
 
 void mbarrier_arrive(void* bar) {
+  tsan::Ignore ignore;
   Block::Mbarrier& m = mbarrier_at(bar);
   Fiber* f = g_block.running;
   const int phase = m.phase;
+  tsan::release(m.phase_sync);
   if (--m.pending == 0) {
     m.pending = m.count;
+    m.completed_sync[m.phase & 1] = m.phase_sync;
+    m.phase_sync = new_sync();
     ++m.phase;
   }
   if (g_block.lagging_arrivals) {
@@ -426,20 +513,37 @@ void mbarrier_arrive(void* bar) {
 }
 
 void mbarrier_wait_parity(void* bar, int parity) {
+  tsan::Ignore ignore;
   Fiber* f = g_block.running;
-  if ((mbarrier_at(bar).phase & 1) != (parity & 1)) return;  // that phase completed
-  f->mbarrier = bar;
-  f->awaited_parity = parity & 1;
-  suspend(Wait::kMbarrier);
+  if ((mbarrier_at(bar).phase & 1) == (parity & 1)) {  // that phase has not completed
+    f->mbarrier = bar;
+    f->awaited_parity = parity & 1;
+    suspend(Wait::kMbarrier);
+  }
+  tsan::acquire(mbarrier_at(bar).completed_sync[parity & 1]);
 }
 
 void warp_op(WarpOp& op, const Site& site) {
-  g_block.running->site = site;
-  g_block.running->op = &op;
+#if defined(__SANITIZE_THREAD__)
+  // ldmatrix: the lanes whose address is a row read it here, where TSan sees the reader (the
+  // scheduler, which copies the rows out, is not checked).
+  if (op.kind == WarpOpKind::kLdmatrix && current().thread_idx.x % 32 < 8u * static_cast<unsigned>(op.matrices)) {
+    check_shared_16(op.address, "ldmatrix");
+    for (int i = 0; i < 4; ++i) (void)*(static_cast<const volatile uint32_t*>(op.address) + i);
+  }
+#endif
+  tsan::Ignore ignore;
+  Fiber* f = g_block.running;
+  f->site = site;
+  f->op = &op;
+  f->sync = g_block.warp_sync[f->index.thread_idx.x / 32];
+  tsan::release(f->sync);
   suspend(Wait::kWarp);
+  tsan::acquire(f->sync);
 }
 
 void check_shared_16(const void* p, const char* what) {
+  tsan::Ignore ignore;
   const auto* b = static_cast<const uint8_t*>(p);
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0 || b < g_block.smem || b + 16 > g_block.smem + g_block.smem_bytes)
     fail((std::string(what) + ": a 16-byte row outside the block's shared memory or not 16-byte aligned").c_str());
@@ -449,11 +553,13 @@ void check_shared_16(const void* p, const char* what) {
 void cp_async(void* dst, const void* src, int bytes) {
   check_shared_16(dst, "cp.async");
   if (bytes != 0 && reinterpret_cast<uintptr_t>(src) % 16 != 0) fail("cp.async: a source not 16-byte aligned");
-  std::memset(dst, 0xff, 16);
+  std::memset(dst, 0xff, 16);  // checked as a write at issue, and again where it lands
+  tsan::Ignore ignore;
   g_block.running->open.push_back({static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), bytes});
 }
 
 void cp_async_commit() {
+  tsan::Ignore ignore;
   Fiber* f = g_block.running;
   f->groups.push_back(std::move(f->open));
   f->open.clear();
@@ -482,6 +588,7 @@ int report_errors(char* error, int error_size, const std::function<void()>& body
 
 void run_grid(dim3 grid, dim3 block, uint8_t* smem, size_t smem_bytes, const std::function<void()>& body,
               Schedule schedule) {
+  tsan::Ignore ignore;  // the scheduler's accesses: fibers' state, not the kernel's
   const unsigned threads = block.x * block.y * block.z;
   if (block.y != 1 || block.z != 1 || threads % 32 != 0 || threads > 1024 || grid.z != 1)
     throw EmulationError("run_grid: blocks of whole warps along x, grids along x and y only");
@@ -494,6 +601,7 @@ void run_grid(dim3 grid, dim3 block, uint8_t* smem, size_t smem_bytes, const std
   g_block.stacks.resize(threads);
   for (auto& s : g_block.stacks) s.resize(kStackBytes);
   g_block.body = &body;
+  g_block.scheduler_fiber = tsan::current_fiber();
   for (unsigned by = 0; by < grid.y; ++by) {
     for (unsigned bx = 0; bx < grid.x; ++bx) {
       if (smem_bytes > 0) std::memset(smem, 0xff, smem_bytes);  // NaN until written
@@ -502,6 +610,11 @@ void run_grid(dim3 grid, dim3 block, uint8_t* smem, size_t smem_bytes, const std
         for (uint32_t& m : ids) m = 0;
       for (int& c : g_block.arrive_count) c = 0;
       g_block.mbarriers.clear();
+      g_block.sync_pool.clear();
+      for (const void*& b : g_block.barrier_sync) b = new_sync();
+      g_block.warp_sync.assign(threads / 32, nullptr);
+      for (const void*& w : g_block.warp_sync) w = new_sync();
+      tsan::release(&g_block_start);
       for (unsigned t = 0; t < threads; ++t) {
         Fiber& f = fibers[t];
         f = Fiber{};
@@ -511,6 +624,7 @@ void run_grid(dim3 grid, dim3 block, uint8_t* smem, size_t smem_bytes, const std
         f.context.uc_stack.ss_size = kStackBytes;
         f.context.uc_link = nullptr;
         makecontext(&f.context, trampoline, 0);
+        f.tsan_fiber = tsan::create_fiber();
       }
       for (;;) {
         bool progressed = false;
@@ -543,11 +657,16 @@ void run_grid(dim3 grid, dim3 block, uint8_t* smem, size_t smem_bytes, const std
         for (Fiber& f : fibers) {
           if (f.wait == Wait::kDone || !f.started) continue;  // one never started has nothing to unwind
           g_block.running = &f;
+          tsan::switch_to(f.tsan_fiber);
           swapcontext(&g_block.scheduler, &f.context);
         }
         g_block.running = nullptr;
+        tsan::acquire(&g_block_end);
+        for (Fiber& f : fibers) tsan::destroy_fiber(f.tsan_fiber);
         throw EmulationError(error);
       }
+      tsan::acquire(&g_block_end);
+      for (Fiber& f : fibers) tsan::destroy_fiber(f.tsan_fiber);
     }
   }
 }
