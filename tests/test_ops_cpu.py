@@ -492,6 +492,8 @@ def test_bench_command_line_narrows_the_shapes(monkeypatch):
 
 
 def test_time_ms_sizes_its_graph_from_a_two_call_estimate(monkeypatch):
+    from vllm_sparse_mla_blackwell import bench
+
     calls = []
     monkeypatch.setattr(bench, "_median_ms", lambda fn, reps, sets: calls.append((reps, sets)) or 0.5)
     assert bench.time_ms(None) == 0.5

@@ -27,6 +27,7 @@ namespace emu {
 // bookkeeping (and the scheduler's) is not; a barrier, warp operation or mbarrier phase is an
 // object that its arrivals release and its waiters acquire (one per generation), so TSan reports
 // two threads' accesses that no barrier orders, as racecheck would on the GPU. Nothing otherwise.
+namespace {
 namespace tsan {
 #if defined(__SANITIZE_THREAD__)
 struct Ignore {
@@ -57,6 +58,7 @@ void* current_fiber() { return nullptr; }
 void switch_to(void*) {}
 #endif
 }  // namespace tsan
+}  // namespace
 
 void check_shared_16(const void* p, const char* what);
 
