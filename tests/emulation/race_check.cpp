@@ -19,17 +19,35 @@
 #include <string>
 #include <vector>
 
+#include "api.h"
 #include "emulate.h"
+#include "formats.h"
 
 namespace {
 
-constexpr int kTokens = 2, kTopk = 96, kRows = 128, kBlockSize = 64, kHeadSizeV = 512;
+using sparse_mla::KvFormat;
+using sparse_mla::ScalarType;
 
-EmuTensor desc(const void* data, int dtype, int64_t element_size, std::vector<int64_t> sizes) {
+constexpr int kTokens = 2, kTopk = 96, kRows = 128, kBlockSize = 64;
+
+// The caches, by the command line's names: vLLM's kv_cache_dtype, the format, the cache tensor's
+// element type.
+struct Cache {
+  const char* name;
+  const char* kv_cache_dtype;
+  KvFormat format;
+  ScalarType dtype;
+};
+constexpr Cache kCaches[] = {{"bf16", "bfloat16", KvFormat::kBFloat16, ScalarType::kBFloat16},
+                             {"fp16", "float16", KvFormat::kFloat16, ScalarType::kFloat16},
+                             {"fp8_e4m3", "fp8_e4m3", KvFormat::kFp8E4m3, ScalarType::kUInt8},
+                             {"fp8_ds_mla", "fp8_ds_mla", KvFormat::kFp8DsMla, ScalarType::kUInt8}};
+
+EmuTensor desc(const void* data, ScalarType dtype, int64_t element_size, std::vector<int64_t> sizes) {
   EmuTensor t{};
   t.defined = 1;
   t.data = data;
-  t.dtype = dtype;
+  t.dtype = static_cast<int32_t>(dtype);
   t.dim = static_cast<int32_t>(sizes.size());
   int64_t stride = 1;
   for (int i = t.dim - 1; i >= 0; --i) {
@@ -47,60 +65,58 @@ uint16_t bf16_bits(float x) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-// api.h ScalarType
-constexpr int kBf16 = 0, kFp16 = 1, kFp32 = 2, kInt32 = 3, kInt64 = 4, kUInt8 = 5;
-
 // One launch per schedule; returns the number that failed (an emulation error).
-int run(const std::string& kv, int head_size, int block_heads, std::mt19937& gen) {
+int run(const Cache& kv, int head_size, int block_heads, std::mt19937& gen) {
+  constexpr int kLatent = sparse_mla::kKvLoraRank;
   std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<uint16_t> q(kTokens * block_heads * head_size), kv_c(kRows * 512), k_pe(kRows * (head_size - 512) + 1);
+  std::vector<uint16_t> q(kTokens * block_heads * head_size), kv_c(kRows * kLatent),
+      k_pe(kRows * (head_size - kLatent));
   for (auto& v : q) v = bf16_bits(normal(gen));
   for (auto& v : kv_c) v = bf16_bits(normal(gen));
   for (auto& v : k_pe) v = bf16_bits(normal(gen));
-  const bool fp8 = kv == "fp8_e4m3" || kv == "fp8_ds_mla";
-  const int row_bytes = kv == "fp8_ds_mla" ? 656 : fp8 ? head_size : 2 * head_size;
+  const int row_bytes = sparse_mla::kv_row_bytes(kv.format, head_size);
+  const int64_t kv_elem = kv.dtype == ScalarType::kUInt8 ? 1 : 2;
   std::vector<uint8_t> cache(static_cast<size_t>(kRows) * row_bytes);
   std::vector<int64_t> slots(kRows);
   for (int i = 0; i < kRows; ++i) slots[i] = i;
   const float k_scale = 0.02f;
-  const char* name = kv == "bf16" ? "bfloat16" : kv == "fp16" ? "float16" : kv == "fp8_e4m3" ? "fp8_e4m3" : "fp8_ds_mla";
-  const int kv_dtype = kv == "bf16" ? kBf16 : kv == "fp16" ? kFp16 : kUInt8;
-  const int64_t kv_elem = fp8 ? 1 : 2;
-  const std::vector<int64_t> cache_sizes = {kRows / kBlockSize, kBlockSize, row_bytes / kv_elem};
 
   char error[4096];
   EmuCacheArgs c{};
-  c.kv_c = desc(kv_c.data(), kBf16, 2, {kRows, 512});
-  if (head_size > 512) c.k_pe = desc(k_pe.data(), kBf16, 2, {kRows, head_size - 512});
-  c.kv_cache = desc(cache.data(), kv_dtype, kv_elem, cache_sizes);
-  c.slot_mapping = desc(slots.data(), kInt64, 8, {kRows});
-  if (kv == "fp8_e4m3") c.k_scale = desc(&k_scale, kFp32, 4, {1});
-  c.kv_cache_dtype = name;
+  c.kv_c = desc(kv_c.data(), ScalarType::kBFloat16, 2, {kRows, kLatent});
+  if (head_size > kLatent) c.k_pe = desc(k_pe.data(), ScalarType::kBFloat16, 2, {kRows, head_size - kLatent});
+  c.kv_cache = desc(cache.data(), kv.dtype, kv_elem, {kRows / kBlockSize, kBlockSize, row_bytes / kv_elem});
+  c.slot_mapping = desc(slots.data(), ScalarType::kInt64, 8, {kRows});
+  if (kv.format == KvFormat::kFp8E4m3) c.k_scale = desc(&k_scale, ScalarType::kFloat32, 4, {1});
+  c.kv_cache_dtype = kv.kv_cache_dtype;
   if (sparse_mla_emulate_concat_and_cache(&c, error, sizeof(error)) != 0) {
-    std::printf("%s D%d: cache write failed: %s\n", kv.c_str(), head_size, error);
+    std::printf("%s D%d: cache write failed: %s\n", kv.name, head_size, error);
     return 3;
   }
 
   std::vector<int32_t> indices(kTokens * kTopk);
   std::uniform_int_distribution<int> row(0, kRows - 1);
-  for (auto& i : indices) i = row(gen) % 7 == 0 ? -1 : row(gen);
+  for (auto& i : indices) {
+    const int r = row(gen);
+    i = r % 7 == 0 ? -1 : r;  // about one slot in seven masked
+  }
   int failed = 0;
   // Every variant (params.h FwdVariant; those the configuration lacks say so) but E4m3Pv (the
   // emulation has no e4m3 MMA), and the main one split in two with the combine kernel after it.
   for (int launch = 0; launch < 5 * 3; ++launch) {
     const int variant = launch / 3 % 4, splits = launch / 3 == 4 ? 2 : 1, schedule = launch % 3;
-    std::vector<uint16_t> out(kTokens * block_heads * kHeadSizeV);
+    std::vector<uint16_t> out(kTokens * block_heads * sparse_mla::kHeadSizeV);
     std::vector<float> lse(kTokens * block_heads);
     EmuFwdArgs a{};
-    a.q = desc(q.data(), kBf16, 2, {kTokens, block_heads, head_size});
+    a.q = desc(q.data(), ScalarType::kBFloat16, 2, {kTokens, block_heads, head_size});
     a.kv_cache = c.kv_cache;
-    a.indices = desc(indices.data(), kInt32, 4, {kTokens, kTopk});
+    a.indices = desc(indices.data(), ScalarType::kInt32, 4, {kTokens, kTopk});
     a.k_scale = c.k_scale;
-    a.out = desc(out.data(), kBf16, 2, {kTokens, block_heads, kHeadSizeV});
-    a.lse = desc(lse.data(), kFp32, 4, {kTokens, block_heads});
+    a.out = desc(out.data(), ScalarType::kBFloat16, 2, {kTokens, block_heads, sparse_mla::kHeadSizeV});
+    a.lse = desc(lse.data(), ScalarType::kFloat32, 4, {kTokens, block_heads});
     a.sm_scale = 0.1;
     a.topk = -1;
-    a.kv_cache_dtype = name;
+    a.kv_cache_dtype = kv.kv_cache_dtype;
     a.block_heads = block_heads;
     a.variant = variant;
     a.num_splits = splits;
@@ -108,7 +124,7 @@ int run(const std::string& kv, int head_size, int block_heads, std::mt19937& gen
     a.schedule = schedule;
     const bool ok = sparse_mla_emulate_fwd(&a, error, sizeof(error)) == 0;
     const bool lacks = !ok && std::strstr(error, "does not exist for this configuration") != nullptr;
-    std::printf("%-10s D%d %d-head blocks variant %d, %d split(s), schedule %d: %s\n", kv.c_str(), head_size,
+    std::printf("%-10s D%d %d-head blocks variant %d, %d split(s), schedule %d: %s\n", kv.name, head_size,
                 block_heads, variant, splits, schedule, ok ? "ran" : lacks ? "no such variant" : error);
     failed += !ok && !lacks;
   }
@@ -136,17 +152,23 @@ int main(int argc, char** argv) {
     std::printf("race_check: self-check %s ran\n", argv[2]);
     return 0;
   }
-  std::vector<std::string> kvs(argv + 1, argv + argc);
-  if (kvs.empty()) kvs = {"bf16", "fp16", "fp8_e4m3", "fp8_ds_mla"};
-  std::mt19937 gen(0);
-  int failed = 0;
-  for (const auto& kv : kvs) {
-    if (kv != "bf16" && kv != "fp16" && kv != "fp8_e4m3" && kv != "fp8_ds_mla") {
-      std::printf("unknown kv_cache_dtype '%s' (bf16, fp16, fp8_e4m3, fp8_ds_mla)\n", kv.c_str());
+  std::vector<const Cache*> kvs;
+  for (int i = 1; i < argc; ++i) {
+    const Cache* found = nullptr;
+    for (const Cache& c : kCaches) found = std::string(argv[i]) == c.name ? &c : found;
+    if (found == nullptr) {
+      std::printf("unknown kv_cache_dtype '%s' (bf16, fp16, fp8_e4m3, fp8_ds_mla)\n", argv[i]);
       return 2;
     }
+    kvs.push_back(found);
+  }
+  if (kvs.empty())
+    for (const Cache& c : kCaches) kvs.push_back(&c);
+  std::mt19937 gen(0);
+  int failed = 0;
+  for (const Cache* kv : kvs) {
     for (int head_size : {512, 576})
-      for (int block_heads : {16, 32}) failed += run(kv, head_size, block_heads, gen);
+      for (int block_heads : {16, 32}) failed += run(*kv, head_size, block_heads, gen);
   }
   std::printf("race_check: %d launches failed\n", failed);
   return failed == 0 ? 0 : 1;

@@ -517,12 +517,13 @@ void mbarrier_arrive(void* bar) {
 void mbarrier_wait_parity(void* bar, int parity) {
   tsan::Ignore ignore;
   Fiber* f = g_block.running;
-  if ((mbarrier_at(bar).phase & 1) == (parity & 1)) {  // that phase has not completed
+  const Block::Mbarrier& m = mbarrier_at(bar);  // std::map: stays valid while the block runs
+  if ((m.phase & 1) == (parity & 1)) {  // that phase has not completed
     f->mbarrier = bar;
     f->awaited_parity = parity & 1;
     suspend(Wait::kMbarrier);
   }
-  tsan::acquire(mbarrier_at(bar).completed_sync[parity & 1]);
+  tsan::acquire(m.completed_sync[parity & 1]);
 }
 
 void warp_op(WarpOp& op, const Site& site) {
