@@ -156,6 +156,8 @@ def test_shuffles_votes_and_reductions(emulator):
     ("divergent_warp_ops", "the lanes of a warp wait at different warp operations"),
     ("copy_in_flight_at_exit", "cp.async copies still in flight when block (0, 0) thread 0 exited"),
     ("divergent_barrier_sites", "the lanes of a warp wait at barrier 0 from different call sites"),
+    ("barrier_sites_across_warps", "warps wait at aligned barrier 0 from different call sites"),
+    ("unaligned_barrier_sites_across_warps", "no error"),
     ("ldmatrix_misaligned", "ldmatrix: a 16-byte row outside the block's shared memory or not 16-byte aligned"),
     # Not a hang: bar.sync counts a warp once its threads that have not exited are there.
     ("named_barrier_with_exited_lanes", "no error"),

@@ -120,6 +120,14 @@ __device__ __forceinline__ void named_barrier_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
 
+// As named_barrier_sync, for warps that reach the barrier from different places in the code (the
+// roles of a warp-specialized body): bar.sync and __syncthreads are barrier.sync.aligned, which
+// PTX leaves undefined unless every waiting warp executes the same instruction.
+template <int kId, int kThreads>
+__device__ __forceinline__ void named_barrier_sync_unaligned() {
+  asm volatile("barrier.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+
 // Arrival at named barrier kId of kThreads threads, without waiting: the other side of a
 // producer / consumer pair, whose waiting warps' bar.sync sees this thread's earlier shared-memory
 // accesses performed (PTX ISA, bar / barrier).

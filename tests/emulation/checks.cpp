@@ -138,6 +138,24 @@ std::string run_check(const std::string& name) {
       }
     });
   }
+  if (name == "barrier_sites_across_warps") {  // .aligned: one instruction for the whole block
+    return error_of(emu::Schedule::kLockstep, [] {
+      if (threadIdx.x < 32) {
+        __syncthreads();
+      } else {
+        __syncthreads();
+      }
+    });
+  }
+  if (name == "unaligned_barrier_sites_across_warps") {  // barrier.sync: roles may wait apart
+    return error_of(emu::Schedule::kLockstep, [] {
+      if (threadIdx.x < 32) {
+        sparse_mla::named_barrier_sync_unaligned<0, 64>();
+      } else {
+        sparse_mla::named_barrier_sync_unaligned<0, 64>();
+      }
+    });
+  }
   if (name == "named_barrier_with_exited_lanes") {  // a warp arrives with its live threads
     return error_of(emu::Schedule::kLockstep, [] {
       if (threadIdx.x >= 48) return;

@@ -51,7 +51,8 @@ struct Site {
 
 // Block-wide barrier `id` of `count` threads (count 0: every thread of the block that has not
 // exited, as __syncthreads), reached from `site`; returns the OR of the threads' `predicate`.
-int barrier(int id, int count, int predicate, const Site& site);
+// `aligned` (bar.sync, barrier.sync.aligned): every warp waiting at it must be at the same site.
+int barrier(int id, int count, int predicate, const Site& site, bool aligned = true);
 // bar.arrive: the calling thread counts towards named barrier `id` of `count` threads and goes on
 // (in Schedule::kWarpsAhead only once the barrier completed and the waiting warps went on). A
 // thread that arrives again before the barrier completed, and arrivals that no barrier completed
@@ -258,6 +259,11 @@ inline uint32_t hmul2(uint32_t a, uint32_t b) {
 template <int kId, int kThreads>
 void named_barrier_sync(EMU_SITE_ARG) {
   emu::barrier(kId, kThreads, 0, site);
+}
+
+template <int kId, int kThreads>
+void named_barrier_sync_unaligned(EMU_SITE_ARG) {
+  emu::barrier(kId, kThreads, 0, site, false);
 }
 
 template <int kId, int kThreads>

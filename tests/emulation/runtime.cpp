@@ -78,6 +78,7 @@ struct Fiber {
   Wait wait = Wait::kNone;
   bool started = false;
   int barrier_id = 0, barrier_count = 0, predicate = 0, barrier_result = 0;
+  bool barrier_aligned = true;  // bar.sync (.aligned) rather than barrier.sync
   bool held_after_arrival = false;  // kArrived, released once the waiting warps have gone on
   // kMbarrier: the mbarrier waited at and the parity of the phase awaited; kArrived at an
   // mbarrier (barrier_id -1): it and the phase arrived in.
@@ -292,13 +293,16 @@ bool complete_warp_op(size_t w) {
 
 // Releases the barriers that have every warp they need; returns whether any was. As bar.sync: a
 // warp arrives when all its threads that have not exited are there (at one call site), barrier 0
-// (__syncthreads) needs every warp with such threads, a named barrier count / 32 warps.
+// (__syncthreads) needs every warp with such threads, a named barrier count / 32 warps. An aligned
+// barrier (bar.sync, __syncthreads) is one instruction for every warp that waits at it: PTX leaves
+// warps that wait at one generation from different places undefined.
 bool complete_barriers() {
   auto& fibers = g_block.fibers;
   const size_t warps = fibers.size() / 32;
   bool progressed = false;
   for (int id = 0; id < 16; ++id) {
     int arrived = 0, live_warps = 0, count = g_block.arrive_count[id] > 0 ? g_block.arrive_count[id] : -1, any = 0;
+    const Fiber* first = nullptr;  // a waiting thread of the first warp that waits, for the aligned check
     for (size_t w = 0; w < warps; ++w) {
       int live = 0, here = 0;
       uint32_t done = 0;
@@ -316,6 +320,13 @@ bool complete_barriers() {
         if (here > 0 && f.site != site)
           abort_block("the lanes of a warp wait at barrier " + std::to_string(id) + " from different call sites (" +
                       where(f) + ")");
+        if (first == nullptr) {
+          first = &f;
+        } else if (here == 0 && f.site != first->site && (f.barrier_aligned || first->barrier_aligned)) {
+          abort_block("warps wait at aligned barrier " + std::to_string(id) + " from different call sites (" +
+                      where(*first) + " at line " + std::to_string(first->site.line) + "; " + where(f) +
+                      " at line " + std::to_string(f.site.line) + ")");
+        }
         count = f.barrier_count;
         site = f.site;
         ++here;
@@ -443,10 +454,11 @@ const ThreadIndex& current() {
   abort_block(std::string(what) + (g_block.running ? " (" + where(*g_block.running) + ")" : ""));
 }
 
-int barrier(int id, int count, int predicate, const Site& site) {
+int barrier(int id, int count, int predicate, const Site& site, bool aligned) {
   tsan::Ignore ignore;
   Fiber* f = g_block.running;
   f->site = site;
+  f->barrier_aligned = aligned;
   f->barrier_id = id;
   f->barrier_count = count;
   f->predicate = predicate;
