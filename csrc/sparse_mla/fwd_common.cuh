@@ -35,13 +35,13 @@ __device__ __forceinline__ void cp_async_row(uint8_t* dst, const uint8_t* src, b
 template <typename Traits, int kTpr>
 __device__ __forceinline__ void gather_row(const SparseMlaFwdParams& p, uint8_t* s_kv, int* s_valid, int32_t r,
                                            int stage, int g_row, int g_sub) {
-  constexpr int kChunks = Traits::kGatherRowBytes / 16;
   const bool valid = r >= 0 && r < p.num_kv_rows;
   const uint8_t* src = p.kv + (valid ? static_cast<int64_t>(r) : 0) * p.kv_row_stride + g_sub * 16;
   uint8_t* dst = s_kv + stage * Traits::kSmemKVStageBytes + g_row * Traits::kSmemRowBytes + g_sub * 16;
   if constexpr (!Traits::kRawFp8) {
     cp_async_row<Traits::kGatherRowBytes, kTpr>(dst, src, valid);
   } else {
+    constexpr int kChunks = Traits::kGatherRowBytes / 16;
 #pragma unroll
     for (int c = 0; c < (kChunks + kTpr - 1) / kTpr; ++c) {
       if (g_sub + c * kTpr < kChunks) cp_async_16(dst + c * 16 * kTpr, src + c * 16 * kTpr, valid);
