@@ -158,6 +158,8 @@ def test_shuffles_votes_and_reductions(emulator):
     ("divergent_barrier_sites", "the lanes of a warp wait at barrier 0 from different call sites"),
     ("barrier_sites_across_warps", "warps wait at aligned barrier 0 from different call sites"),
     ("unaligned_barrier_sites_across_warps", "no error"),
+    ("roles_pass_different_barriers", "warps reach barrier 0, which every warp waits at, having passed 1 and 0 barriers"),
+    ("roles_pass_as_many_barriers", "no error"),
     ("ldmatrix_misaligned", "ldmatrix: a 16-byte row outside the block's shared memory or not 16-byte aligned"),
     # Not a hang: bar.sync counts a warp once its threads that have not exited are there.
     ("named_barrier_with_exited_lanes", "no error"),

@@ -156,6 +156,22 @@ std::string run_check(const std::string& name) {
       }
     });
   }
+  if (name == "roles_pass_different_barriers") {  // racecheck's order, not PTX's
+    return error_of(emu::Schedule::kLockstep, [] {
+      if (threadIdx.x < 32) sparse_mla::named_barrier_sync<1, 32>();
+      sparse_mla::named_barrier_sync_unaligned<0, 64>();
+    });
+  }
+  if (name == "roles_pass_as_many_barriers") {
+    return error_of(emu::Schedule::kLockstep, [] {
+      if (threadIdx.x < 32) {
+        sparse_mla::named_barrier_sync<1, 32>();
+      } else {
+        sparse_mla::named_barrier_sync<2, 32>();
+      }
+      sparse_mla::named_barrier_sync_unaligned<0, 64>();
+    });
+  }
   if (name == "named_barrier_with_exited_lanes") {  // a warp arrives with its live threads
     return error_of(emu::Schedule::kLockstep, [] {
       if (threadIdx.x >= 48) return;
@@ -257,11 +273,13 @@ std::string run_check(const std::string& name) {
   if (name == "arrive_handoff") {
     // Warp 1 writes, then arrives at barrier 1 without waiting; warp 0 waits there, then reads.
     // Two rounds, a block barrier between them: the named barrier completes and starts again.
+    // Warp 1 passes a barrier of its own, so that both reach the block barrier having passed one.
     return per_schedule(true, [](float* s, int& stale) {
       for (int round = 0; round < 2; ++round) {
         if (threadIdx.x >= 32) {
           s[threadIdx.x - 32 + 32 * round] = 1.f + round;
           sparse_mla::named_barrier_arrive<1, 64>();
+          sparse_mla::named_barrier_sync<2, 32>();
         } else {
           sparse_mla::named_barrier_sync<1, 64>();
           if (s[threadIdx.x + 32 * round] != 1.f + round) ++stale;

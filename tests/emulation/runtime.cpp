@@ -79,6 +79,7 @@ struct Fiber {
   bool started = false;
   int barrier_id = 0, barrier_count = 0, predicate = 0, barrier_result = 0;
   bool barrier_aligned = true;  // bar.sync (.aligned) rather than barrier.sync
+  int barriers_passed = 0;       // bar.sync / barrier.sync waits completed (racecheck's order)
   bool held_after_arrival = false;  // kArrived, released once the waiting warps have gone on
   // kMbarrier: the mbarrier waited at and the parity of the phase awaited; kArrived at an
   // mbarrier (barrier_id -1): it and the phase arrived in.
@@ -341,11 +342,24 @@ bool complete_barriers() {
     const int need = count == 0 ? live_warps : count / 32;
     if (arrived > need) abort_block("barrier " + std::to_string(id) + ": more warps than its count");
     if (arrived < need) continue;
-    for (const Fiber& f : fibers) any |= f.wait == Wait::kBarrier && f.barrier_id == id && f.predicate;
+    // racecheck orders two warps' accesses by the barriers each has passed, so that a barrier of
+    // every live warp orders what it should only if they all arrive having passed as many.
+    const Fiber* waiter = nullptr;
+    for (const Fiber& f : fibers) {
+      if (f.wait != Wait::kBarrier || f.barrier_id != id) continue;
+      any |= f.predicate;
+      if (need == live_warps && waiter != nullptr && f.barriers_passed != waiter->barriers_passed)
+        abort_block("warps reach barrier " + std::to_string(id) + ", which every warp waits at, having passed " +
+                    std::to_string(waiter->barriers_passed) + " and " + std::to_string(f.barriers_passed) +
+                    " barriers (" + where(*waiter) + "; " + where(f) +
+                    "): racecheck reads accesses on either side of it as unordered");
+      waiter = &f;
+    }
     for (Fiber& f : fibers) {
       if (f.wait == Wait::kBarrier && f.barrier_id == id) {
         f.wait = Wait::kNone;
         f.barrier_result = any;
+        ++f.barriers_passed;
       }
       // Lagging arrivals go on only in the next round, after the released waiters.
       if (f.wait == Wait::kArrived && f.barrier_id == id) f.held_after_arrival = true;
