@@ -11,24 +11,9 @@
 //      its writes), so that every warp passes as many barriers as every other
 //   128 two block barriers before the loop, both roles (the S warps' two of 16 as block barriers)
 // argv[2]: blocks (80,000 B of shared memory each: two fit an SM).
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
+#include "../2026-12-06-h100-pingpong-racecheck/mbarrier_ptx.cuh"
 
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ uint32_t sa(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mb_init(uint64_t* b, int n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(sa(b)), "r"(n) : "memory"); }
-__device__ __forceinline__ void mb_arrive(uint64_t* b) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(sa(b)) : "memory");
-}
-__device__ __forceinline__ void mb_wait(uint64_t* b, int parity) {
-  asm volatile("{\n.reg .pred d;\nW_%=:\nmbarrier.try_wait.parity.shared::cta.b64 d, [%0], %1;\n@!d bra W_%=;\n}" ::"r"(sa(b)), "r"(parity) : "memory");
-}
-__device__ __noinline__ float busy(float x, int n) {
-  for (int i = 0; i < n; ++i) x = x * 0.999f + 0.5f;
-  return x * 1e-9f;
-}
 
 template <int V>
 __global__ void __launch_bounds__(512) roles(float* out, int num_tiles) {
