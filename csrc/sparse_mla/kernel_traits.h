@@ -71,7 +71,10 @@ struct SparseMlaFwdTraits {
   static constexpr int kBlockN = 32;
   static constexpr int kWarpsPerGroup = 4;
   static constexpr int kNumWarps = kWarpsPerGroup * kHeadGroups;
-  static constexpr int kNumThreads = kNumWarps * 32;
+  // PingPong (sparse_mla_fwd_pingpong.cuh): the WideWarps family's fp8 blocks with a second set of
+  // 8 warps, S in one set and the softmax and P V in the other, three stages.
+  static constexpr bool kPingPong = kWideWarps_ && is_fp8(kFormat_);
+  static constexpr int kNumThreads = kNumWarps * 32 * (kPingPong ? 2 : 1);
   static constexpr int kDvPerWarp = kHeadSizeV / kWarpsPerGroup;
   static constexpr int kLatentStepsPerWarp = kKvLoraRank / 16 / kWarpsPerGroup;  // 8
   static constexpr int kRopeStepsPerWarp = (kHeadDim - kKvLoraRank) / 16 / kWarpsPerGroup;  // 0 or 1
@@ -95,8 +98,8 @@ struct SparseMlaFwdTraits {
   // P buffers per head group: none with P in registers; two in the WideWarps family (below), whose
   // P V of a tile runs beside the next tile's softmax, which also needs a second array of alpha.
   static constexpr bool kWideWarps = kWideWarps_;
-  static constexpr int kPBuffers = kRegisterP ? 0 : kWideWarps ? 2 : 1;
-  static constexpr int kStatsArrays = kWideWarps ? 3 : 2;  // alpha (per tile in flight), l; kBlockH floats each
+  static constexpr int kPBuffers = kRegisterP ? 0 : kWideWarps && !kPingPong ? 2 : 1;
+  static constexpr int kStatsArrays = kWideWarps && !kPingPong ? 3 : 2;  // alpha (per tile in flight), l; kBlockH floats each
 
   // ldmatrix reads 8 rows at one column, and a row pitch that is an odd multiple of 16 bytes
   // (mod 128) puts those rows in 8 different bank groups: rows are padded by 16 bytes, but for
@@ -129,10 +132,13 @@ struct SparseMlaFwdTraits {
   static constexpr bool kPairedScores = kPairedScores_;
   static_assert(!kPairedScores || (kDirectCopy && kHeadGroups == 1), "paired partial scores: 16-head copied tiles");
   static constexpr int kSBuffersPerGroup = kPairedScores ? kWarpsPerGroup / 2 : kWarpsPerGroup;
+  // PingPong: the mbarrier of its partial-score buffer's hand-over (8 bytes, 8-byte aligned).
+  static constexpr int kSmemBarrierBytes = kPingPong ? 16 : 0;
   static constexpr int kSmemUnstaged = kHeadGroups * kSBuffersPerGroup * kSmemSPartBytes +
-                                       kHeadGroups * kPBuffers * kSmemPBufferElems * 2 + kStatsArrays * kBlockH * 4;
+                                       kHeadGroups * kPBuffers * kSmemPBufferElems * 2 + kStatsArrays * kBlockH * 4 +
+                                       kSmemBarrierBytes;
   static constexpr int kStages =
-      kDirectCopy ? kCopyStages_ : (kHeadGroups == 2 && kSmemUnstaged + 2 * kSmemPerStage <= kSmemBudgetBytes) ? 2 : 1;
+      kPingPong ? 3 : kDirectCopy ? kCopyStages_ : (kHeadGroups == 2 && kSmemUnstaged + 2 * kSmemPerStage <= kSmemBudgetBytes) ? 2 : 1;
   // OneStage: a 16-head 16-bit block of one stage fits twice on a 100 KB SM (two stages: once);
   // its gather is not prefetched but hides behind the other block's MMAs.
   static constexpr bool kHasOneStageVariant = kDirectCopy && !kRawFp8 && kHeadGroups == 1 && kCopyStages_ == 2;
@@ -148,7 +154,9 @@ struct SparseMlaFwdTraits {
   static constexpr int kSmemStatsOffset = kSmemPOffset + kHeadGroups * kPBuffers * kSmemPBufferElems * 2;
   static constexpr int kSmemValidOffset = kSmemStatsOffset + kStatsArrays * kBlockH * 4;  // alpha, l
   static constexpr int kSmemScaleOffset = kSmemValidOffset + kStages * kBlockN * 4;  // [stage][row][4]
-  static constexpr int kSmemBytes = kSmemScaleOffset + (kScaleBuffer ? kStages * kBlockN * 4 * 4 : 0);
+  static constexpr int kSmemBarrierOffset = kSmemScaleOffset + (kScaleBuffer ? kStages * kBlockN * 4 * 4 : 0);
+  static constexpr int kSmemBytes = kSmemBarrierOffset + kSmemBarrierBytes;
+  static_assert(kSmemBarrierOffset % 8 == 0);
   static_assert(kSmemBytes == kSmemUnstaged + kStages * kSmemPerStage);
 
   // PairedScores exists where pairing alone lets a 16-head block of copied tiles fit twice on a
@@ -178,7 +186,7 @@ struct SparseMlaFwdTraits {
   static_assert(kWideWarps == (wide_warps_kernel<QElement_, kFormat_, kHeadGroups_, kCopyStages_, kFp8RawTiles_>() &&
                                !kE4m3Pv_),
                 "the kernel family follows from the configuration");
-  static_assert(!kWideWarps || (kDirectCopy && !kRegisterP && !kQSplit && kStages == 2));
+  static_assert(!kWideWarps || (kDirectCopy && !kRegisterP && !kQSplit && kStages == (kPingPong ? 3 : 2)));
 
   static_assert(kSmemBytes <= kSmemBudgetBytes,
                 "a kernel instantiation exceeds the 101,376-byte shared-memory ceiling");

@@ -79,7 +79,6 @@ __device__ __forceinline__ void mma_16832_e4m3(float (&d)[4], const uint32_t (&a
   __trap();
 #endif
 }
-
 #endif  // SPARSE_MLA_EMULATION
 
 // Whether the device runs `kernel`, which calls mma_16832_e4m3, from an image compiled for
@@ -134,6 +133,34 @@ __device__ __forceinline__ void named_barrier_sync_unaligned() {
 template <int kId, int kThreads>
 __device__ __forceinline__ void named_barrier_arrive() {
   asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+
+// mbarrier (sm_80+) in shared memory: init by one thread before a block barrier; arrive (release)
+// and wait for the completion of the phase of parity `parity` (acquire) (PTX ISA, mbarrier).
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
+               "r"(count)
+               : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
+               : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra wait_%=;\n}\n" ::"r"(
+          static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
+      "r"(parity)
+      : "memory");
+#else  // sm_80-89: test_wait (try_wait is sm_90's)
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\nmbarrier.test_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra wait_%=;\n}\n" ::"r"(
+          static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
+      "r"(parity)
+      : "memory");
+#endif
 }
 #endif  // SPARSE_MLA_EMULATION
 

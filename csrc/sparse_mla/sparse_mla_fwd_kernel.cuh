@@ -27,6 +27,7 @@
 #include "kv_convert.cuh"
 #include "mma_utils.cuh"
 #include "params.h"
+#include "sparse_mla_fwd_pingpong.cuh"
 #include "sparse_mla_fwd_wide.cuh"
 
 namespace sparse_mla {
@@ -69,9 +70,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     sparse_mla_fwd_kernel(const SparseMlaFwdParams p) {
   static_assert(kSmemBytes == Traits::kSmemBytes);
   if constexpr (Traits::kWideWarps) {  // its own kernel family, one entry point for the launch and the build checks
-    sparse_mla_fwd_wide_block<Traits>(p);
-    return;
-  }
+    if constexpr (Traits::kPingPong) sparse_mla_fwd_pingpong_block<Traits>(p);
+    else sparse_mla_fwd_wide_block<Traits>(p);
+  } else {  // the main kernel (its body not indented)
   using Element = typename Traits::Element;
   using QElement = typename Traits::QElement;
   constexpr int kBlockH = Traits::kBlockH;
@@ -580,6 +581,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     write_o_row<QElement, Traits::kRawFp8>(p, t, h, split, wq * Traits::kDvPerWarp + (lane % 4) * (Traits::kRawFp8 ? 4 : 2),
                                            half, acc_o, inv);
   }
+  }  // the main kernel
 }
 
 }  // namespace sparse_mla

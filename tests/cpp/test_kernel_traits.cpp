@@ -37,11 +37,11 @@ TEST(KernelTraits, SixteenBitAndFp8CachesCopyTwoStages) {
   expect_stages<__nv_bfloat16, KvFormat::kBFloat16, 576>(2, 2);
   expect_stages<__half, KvFormat::kFloat16, 512>(2, 2);
   expect_stages<__half, KvFormat::kFloat16, 576>(2, 2);
-  // (fp8: two stages of raw tiles; Fp8E4m3TilesStayRawWithAConflictFreePitch below.)
-  expect_stages<__nv_bfloat16, KvFormat::kFp8E4m3, 512>(2, 2);
-  expect_stages<__half, KvFormat::kFp8E4m3, 576>(2, 2);
-  expect_stages<__nv_bfloat16, KvFormat::kFp8DsMla, 512>(2, 2);
-  expect_stages<__half, KvFormat::kFp8DsMla, 576>(2, 2);
+  // (fp8: raw tiles, two stages; their 32-head blocks three, the PingPong kernel's.)
+  expect_stages<__nv_bfloat16, KvFormat::kFp8E4m3, 512>(2, 3);
+  expect_stages<__half, KvFormat::kFp8E4m3, 576>(2, 3);
+  expect_stages<__nv_bfloat16, KvFormat::kFp8DsMla, 512>(2, 3);
+  expect_stages<__half, KvFormat::kFp8DsMla, 576>(2, 3);
 }
 
 TEST(KernelTraits, Fp8E4m3TilesStayRawWithAConflictFreePitch) {
@@ -50,15 +50,21 @@ TEST(KernelTraits, Fp8E4m3TilesStayRawWithAConflictFreePitch) {
   EXPECT_EQ(E4m3::kSmemRowBytes, 592);  // 37 x 16 bytes: 8 rows of ldmatrix in 8 bank groups
   EXPECT_EQ(E4m3::kSmemKVStageBytes, 32 * 592);
   EXPECT_EQ((SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 512, 1>::kSmemRowBytes), 528);
-  // Its 32-head blocks: the WideWarps kernel of raw tiles, whose q takes stage 1 and the
-  // partial-score buffers after it (sparse_mla_fwd_wide.cuh), at both head sizes.
+  // Its 32-head blocks: the PingPong kernel of raw tiles (sparse_mla_fwd_pingpong.cuh), 16 warps
+  // in two roles, three stages (q in stages 1 and 2), one partial-score buffer, one P.
   using E4m3Glm32 = SparseMlaFwdTraits<__half, KvFormat::kFp8E4m3, 512, 2>;
   using E4m3Ds32 = SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kFp8E4m3, 576, 2>;
   static_assert(E4m3Glm32::kRawFp8 && E4m3Glm32::kWideWarps && E4m3Glm32::kHasDecodedFp8Variant);
   static_assert(E4m3Ds32::kRawFp8 && E4m3Ds32::kWideWarps && E4m3Ds32::kHasDecodedFp8Variant);
   static_assert(!E4m3Ds32::DecodedFp8::kWideWarps && !E4m3Ds32::DecodedFp8::kRawFp8);
-  EXPECT_EQ(E4m3Ds32::kSmemBytes, 63104);
-  EXPECT_EQ(E4m3Glm32::kSmemBytes, 59008);
+  static_assert(E4m3Ds32::kPingPong && E4m3Glm32::kPingPong && !E4m3::kPingPong);
+  static_assert(!SparseMlaFwdTraits<__nv_bfloat16, KvFormat::kBFloat16, 576, 2>::kPingPong);
+  EXPECT_EQ(E4m3Ds32::kNumThreads, 512);
+  EXPECT_EQ(E4m3Ds32::kPBuffers, 1);
+  EXPECT_EQ(E4m3Ds32::kSBuffersPerGroup, 4);
+  EXPECT_EQ(E4m3Ds32::kSmemBytes, 80016);  // 3 x (32 x 592 + 128) + 20,480 + 2,048 + 256 + 16
+  EXPECT_EQ(E4m3Glm32::kSmemBytes, 73872);
+  EXPECT_LE(E4m3Ds32::kSmemBytes, kSmemBudgetBytes);
   static_assert(!SparseMlaFwdTraits<__half, KvFormat::kBFloat16, 576, 1>::kRawFp8);
 }
 
@@ -101,15 +107,17 @@ TEST(KernelTraits, Fp8DsMlaTilesStayRawAsStored) {
   using DsMlaGlm32 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 512, 2>;
   static_assert(DsMlaGlm32::kRawFp8 && !DsMlaGlm32::kScaleBuffer && DsMlaGlm32::kHasDecodedFp8Variant);
   static_assert(DsMlaGlm32::DecodedFp8::kScaleBuffer);
-  // Its 32-head blocks: the WideWarps kernel, whose warps scale the one P (two buffers, as for
-  // the other caches) by their scale tile's key scales; their e4m3 P V variant is the main
-  // kernel's, with P in registers.
+  // Its 32-head blocks: the PingPong kernel of raw tiles (sparse_mla_fwd_pingpong.cuh), whose P V
+  // warps scale the one P by their scale tile's key scales, in three stages; their e4m3 P V
+  // variant is the main kernel's, with P in registers.
   using DsMla32 = SparseMlaFwdTraits<__half, KvFormat::kFp8DsMla, 576, 2>;
   static_assert(DsMla32::kWideWarps && DsMlaGlm32::kWideWarps && !DsMla32::kRegisterP);
-  static_assert(DsMla32::kPBuffers == 2 && DsMla32::kStatsArrays == 3);
+  static_assert(DsMla32::kPingPong && DsMlaGlm32::kPingPong && DsMla32::kNumThreads == 512);
+  static_assert(DsMla32::kPBuffers == 1 && DsMla32::kStatsArrays == 2 && DsMla32::kStages == 3 &&
+                DsMla32::kSBuffersPerGroup == 4);
   static_assert(DsMla32::kHasE4m3PvVariant && !DsMla32::E4m3Pv::kWideWarps && DsMla32::E4m3Pv::kRegisterP);
-  EXPECT_EQ(DsMla32::kSmemBytes, 67200);
-  EXPECT_EQ(DsMlaGlm32::kSmemBytes, 59008);
+  EXPECT_EQ(DsMla32::kSmemBytes, 86160);  // 3 x (32 x 656 + 128) + 20,480 + 2,048 + 256 + 16
+  EXPECT_EQ(DsMlaGlm32::kSmemBytes, 73872);
 }
 
 TEST(KernelTraits, Fp8CachesHaveADecodeOnceVariantThatFitsTwicePerSm120Sm) {
