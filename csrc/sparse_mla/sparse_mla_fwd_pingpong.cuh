@@ -1,5 +1,6 @@
-// The PingPong kernel body: the WideWarps family's 32-head blocks of fp8 caches (raw tiles) with
-// 16 warps in two roles, so that one tile's S and the tile before's softmax and P V run at once in
+// The PingPong kernel body: the WideWarps family's 32-head blocks of fp8 caches (kernel_traits.h
+// kPingPong), whose tiles stay raw in shared memory and are decoded per MMA fragment, with 16
+// warps in two roles, so that one tile's S and the tile before's softmax and P V run at once in
 // different warps (FlashAttention-3's ping-pong, here on mma.sync), one block barrier per tile:
 //   S warps 0-7      (dq = warp % 4, kh = warp / 4): 32 heads x keys 16 kh .. 16 kh + 15 of tile
 //                    k over quarter dq of D, into the partial-score buffer; they also gather.
@@ -13,8 +14,9 @@
 // barrier.sync, not __syncthreads' aligned bar.sync (undefined there). Every warp reaches each
 // block barrier having passed as many barriers, since racecheck orders two warps' accesses by
 // the barriers each has passed: the S warps' two q barriers are block barriers, and the S warps
-// pass one of their own per tile as the P V warps do. S and P V carry fp8_ds_mla's per-key
-// scales as the WideWarps body's.
+// pass one of their own per tile as the P V warps do. fp8_ds_mla: the S warps scale each
+// quarter's latent scores by the keys' scales of that tile before the bf16 rope step adds in; the
+// P V warps scale their P fragments by their scale tile's key scales.
 // 128 registers a thread.
 #pragma once
 
@@ -39,7 +41,9 @@ __device__ __forceinline__ void sparse_mla_fwd_pingpong_block(const SparseMlaFwd
   using QElement = typename Traits::QElement;
   static_assert(std::is_same_v<Element, __half>);
   constexpr bool kDs = Traits::kDsMla;
-  // As the WideWarps body's: the lazy rescale but for fp8_ds_mla with fp16 q.
+  // The FlashAttention-4 lazy rescale (sparse_mla_fwd_wide.cuh), with fp8_ds_mla's norm kept
+  // within 2^3 of the tile's largest scale; but fp8_ds_mla with fp16 out, whose P' is rounded
+  // twice already, keeps the exact maximum (the lazy one would add ~3.4e-4 to fp16's 1e-3 bar).
   constexpr bool kLazy = !(kDs && std::is_same_v<QElement, __half>);
   constexpr int kBlockH = Traits::kBlockH;
   constexpr int kBlockN = Traits::kBlockN;
@@ -107,7 +111,8 @@ __device__ __forceinline__ void sparse_mla_fwd_pingpong_block(const SparseMlaFwd
       return s < kLatentSteps ? (dq * kLatentSteps + s) * 16
                               : kKvLoraRank + (dq * Traits::kRopeStepsPerWarp + s - kLatentSteps) * 16;
     };
-    // q through stages 1 and 2 while tile 0's gather is in flight (as in the WideWarps body).
+    // q through stages 1 and 2 while tile 0's gather is in flight; its A fragments take the raw
+    // tiles' column order (kv_convert.cuh), but for fp8_ds_mla's bf16 rope.
     const int32_t first = row_index(0);
     Element* sQ = reinterpret_cast<Element*>(sKV + kStageBytes);
     static_assert(kBlockH * kPitch * sizeof(Element) <= 2 * kStageBytes, "q fits in stages 1 and 2");
@@ -228,13 +233,14 @@ __device__ __forceinline__ void sparse_mla_fwd_pingpong_block(const SparseMlaFwd
 #pragma unroll
     for (int n = 0; n < kDvPerWarp / 8; ++n) acc_o[m][n][0] = acc_o[m][n][1] = acc_o[m][n][2] = acc_o[m][n][3] = 0.f;
   }
-  // P rows of 64 bytes, 16-byte chunk c of row h at c ^ ((h >> 1) & 3) (as in the WideWarps body).
+  // P rows of 64 bytes, 16-byte chunk c of row h at c ^ ((h >> 1) & 3) (as in the WideWarps body):
+  // the 8 rows an ldmatrix reads at one chunk hit 8 bank groups.
   auto p_chunk = [](int h, int c) { return c ^ ((h >> 1) & 3); };
   const int v_key = (lane % 8) + ((lane >> 3) & 1) * 8;
   const int v_off = v_key * kRowBytes + pw * kDvPerWarp + (lane >> 4) * 16;
   const Element* p_row = sP + (lane % 16) * kPPitch;
   // fp8_ds_mla: this warp's scale tile (its 64 columns are half of one); acc_o holds O / ds_norm,
-  // the norm of the last tile it took (the WideWarps body's load_p).
+  // the norm of the last tile it took.
   const int ds_tile = pw * kDvPerWarp / kDsMlaTile;
   float ds_norm = 1.f;
 
@@ -274,7 +280,7 @@ __device__ __forceinline__ void sparse_mla_fwd_pingpong_block(const SparseMlaFwd
       alpha_r[m][0] = sAlpha[m * 16 + lane / 4];
       alpha_r[m][1] = sAlpha[m * 16 + lane / 4 + 8];
     }
-    // fp8_ds_mla (the WideWarps body's load_p): P' = p x key scale / norm, norm a power of two
+    // fp8_ds_mla (the main kernel's register P): P' = p x key scale / norm, norm a power of two
     // near the tile's largest scale of this warp's scale tile (lazy: within 2^3 of it); O / norm =
     // alpha (norm_prev / norm) O / norm_prev + P' V. ds_pair holds this lane's key pair's scales.
     uint32_t ds_pair = 0;
@@ -329,8 +335,9 @@ __device__ __forceinline__ void sparse_mla_fwd_pingpong_block(const SparseMlaFwd
       for (int n2 = 0; n2 < kDvPerWarp / 32; ++n2) {
         uint32_t v[4];
         ldmatrix_x4_trans(v, sV_bytes + v_off + kk * 16 * kRowBytes + n2 * 32);
-        // As the WideWarps body's raw P V: even bytes the even columns of 16-column chunk c, odd
-        // bytes the odd ones: acc_o[m][2 (2 n2 + c) + odd].
+        // As the main kernel's raw P V: matrices (keys 0-7, 8-15) x (bytes 0-15, 16-31),
+        // transposed as b16; even bytes the B fragment of 16-column chunk c's even columns, odd
+        // bytes of its odd ones: acc_o[m][2 (2 n2 + c) + odd], the epilogue's order.
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
 #pragma unroll

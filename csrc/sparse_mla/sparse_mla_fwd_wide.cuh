@@ -1,6 +1,7 @@
-// The WideWarps kernel family: 16-bit caches with q in one MMA part, and raw fp8 tiles;
-// blocks of 32 heads (kernel_traits.h kWideWarps). Same grid, gather, shared-memory layout, softmax and epilogue
-// contract as the main kernel (sparse_mla_fwd_kernel.cuh); what differs is who computes what:
+// The WideWarps kernel body: 32-head blocks of 16-bit caches with q in one MMA part
+// (kernel_traits.h kWideWarps; the family's fp8 blocks run sparse_mla_fwd_pingpong.cuh). Same
+// grid, gather, shared-memory layout, softmax and epilogue contract as the main kernel
+// (sparse_mla_fwd_kernel.cuh); what differs is who computes what:
 //   S = Q K^T   warp (dq = warp % 4, kh = warp / 4): both head groups x keys 16 kh .. 16 kh + 15
 //               over quarter dq of D, Q of 32 heads in registers (each K fragment feeds 2 MMAs).
 //   softmax     as in the main kernel, the 4 partial scores of a (head, key) from the 4 quarters.
@@ -8,9 +9,6 @@
 //               feeds 2 MMAs), one tile late: beside the next tile's softmax.
 // Per tile, each warp reads half the K and V fragment bytes of the main kernel's warps, for the
 // same MMAs; the price is that the phases of a tile synchronise the whole block (two barriers).
-// fp8 tiles stay raw in shared memory, as in the main kernel, and each fragment decoded there
-// feeds two MMAs instead of one; fp8_ds_mla's P V warps scale their P fragments by their scale
-// tile's key scales.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,7 +19,6 @@
 
 #include "fwd_common.cuh"
 #include "kernel_traits.h"
-#include "kv_convert.cuh"
 #include "mma_utils.cuh"
 #include "params.h"
 
@@ -43,17 +40,13 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   constexpr int kMTiles = kBlockH / 16;
   constexpr int kDvPerWarp = kHeadSizeV / Traits::kNumWarps;
   constexpr int kLineChunks = 8;  // cp.async: 8 threads per row, whole 128-byte lines per warp
-  constexpr bool kRaw = Traits::kRawFp8;  // fp8 (kernel_traits.h wide_warps_kernel)
-  constexpr bool kDs = Traits::kDsMla;    // its records: latent, scales, bf16 rope
-  static_assert(!kDs || (kRaw && std::is_same_v<Element, __half>), "fp8_ds_mla: raw tiles, fp16 P (hmul2)");
+  static_assert(!Traits::kRawFp8 && !Traits::kPingPong, "16-bit tiles");
   // fp16 P: the FlashAttention-4 lazy rescale. A row's reference maximum moves only when a tile's
   // maximum passes it by more than kLazyLog2 (p <= 2^8), and O is rescaled only in the tiles where
-  // some row's did (a warp vote), with fp8_ds_mla's norm kept within 2^3 of the tile's largest
-  // scale. Under a lazy maximum the largest p, otherwise exactly 1, is rounded like the rest: bf16
-  // P would spend up to 1.3e-3 of its 4e-3 bar (tools/lazy_rescale_rounding.py), and fp8_ds_mla
-  // with fp16 out, whose P' is rounded twice already, ~3.4e-4 more of fp16's 1e-3 (emulated: 8.2e-4
-  // at D = 576); those keep the exact maximum.
-  constexpr bool kLazy = std::is_same_v<Element, __half> && !(kDs && std::is_same_v<QElement, __half>);
+  // some row's did (a warp vote). Under a lazy maximum the largest p, otherwise exactly 1, is
+  // rounded like the rest: bf16 P would spend up to 1.3e-3 of its 4e-3 bar
+  // (tools/lazy_rescale_rounding.py), so it keeps the exact maximum.
+  constexpr bool kLazy = std::is_same_v<Element, __half>;
   constexpr float kLazyLog2 = 8.f;
   static_assert(kBlockH == 32 && kBlockN == 32 && Traits::kNumWarps == 8 && Traits::kNumThreads / kLineChunks == kBlockN &&
                 Traits::kStatsArrays == 3);
@@ -102,14 +95,10 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   // without bank conflicts.
   const int32_t first = row_index(0), second = row_index(1);
   // [head][kPitch], q as given (QElement), converted after the load where the cache's type
-  // differs. Raw fp8 stages are half as large: q also takes the partial-score buffers after
-  // stage 1, which the loop uses first.
+  // differs.
   Element* sQ = reinterpret_cast<Element*>(sKV + Traits::kSmemKVStageBytes);
   static_assert(sizeof(QElement) == sizeof(Element), "q's rows at the pitch of a 16-bit tile");
-  static_assert(Traits::kSmemKVOffset + 2 * Traits::kSmemKVStageBytes == Traits::kSmemSOffset &&
-                    kBlockH * kPitch * sizeof(Element) <= Traits::kSmemPOffset - Traits::kSmemKVStageBytes &&
-                    (kRaw || kBlockH * kPitch * sizeof(Element) <= Traits::kSmemKVStageBytes),
-                "q of the block fits in stage 1 and the partial-score buffers");
+  static_assert(kBlockH * kPitch * sizeof(Element) <= Traits::kSmemKVStageBytes, "q of the block fits in stage 1");
   stage_q<Traits, Traits::kNumThreads>(p, reinterpret_cast<QElement*>(sQ), t, h0, tid);
   issue_row(first, 0);
   cp_async_wait<1>();  // q's group; tile 0's may still be in flight
@@ -119,17 +108,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   for (int s = 0; s < kSteps; ++s) {
 #pragma unroll
     for (int m = 0; m < kMTiles; ++m) {
-      if constexpr (!kRaw) {
-        ldmatrix_x4(q_frag[s][m], sQ + (m * 16 + lane % 16) * kPitch + step_col(s) + (lane / 16) * 8);
-      } else {
-        // q's A fragments take the raw tiles' column order (the S loop below), as in the main
-        // kernel, but for fp8_ds_mla's bf16 rope, whose fragments are the usual ones.
-        const bool permuted = !(kDs && s >= kLatentSteps);
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          q_frag[s][m][i] = *reinterpret_cast<const uint32_t*>(
-              sQ + (m * 16 + lane / 4 + (i & 1) * 8) * kPitch + step_col(s) + a_frag_col(lane, i, permuted));
-      }
+      ldmatrix_x4(q_frag[s][m], sQ + (m * 16 + lane % 16) * kPitch + step_col(s) + (lane / 16) * 8);
       if constexpr (!std::is_same_v<QElement, Element>) {  // bf16 q with an fp16 cache
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -140,12 +119,6 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     }
   }
   __syncthreads();  // every warp has its q: stage 1 is free for tile 1
-  // fp8_e4m3: S and O carry the per-tensor scale, applied in fp32.
-  float tensor_scale = 1.f;
-  if constexpr (Traits::kFormat == KvFormat::kFp8E4m3) {
-    if (p.k_scale != nullptr) tensor_scale = __ldg(p.k_scale);
-  }
-  const float score_scale = p.sm_scale_log2 * tensor_scale;
   issue_row(second, 1);
   int32_t next_row = row_index(2);  // the thread's row of the next tile to issue
 
@@ -170,49 +143,17 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   // shuffles and exponentials would otherwise leave the MMA pipe idle. Its V (this warp's 64
   // columns x the 32 keys) waits in registers, so that the next gather may take its stage; its P
   // and alpha wait in the second of two buffers.
-  // Raw fp8: 32 columns (bytes) per ldmatrix, decoded in pv().
-  constexpr int kVCols = kRaw ? 32 : 16;
+  constexpr int kVCols = 16;
   uint32_t v_frag[kBlockN / 16][kDvPerWarp / kVCols][4];
-  // Lazy fp8_e4m3 kernels: the pending tile's first 16 keys of V are decoded before the loop's
-  // second barrier, which reads them (__syncthreads_or), so that ptxas cannot sink the decoding
-  // below it and issues P V MMAs while the softmax's partial-score loads are in flight
-  // (bench/HISTORY.md v47; fp8_ds_mla's kernels lost so).
-  constexpr bool kPreDecode = kRaw && kLazy && !kDs;
-  uint32_t v_dec[kDvPerWarp / kVCols][2][2][2];  // keys 0-15: [n2][c][odd][b0, b1] of pv()
-  auto predecode = [&]() -> uint32_t {  // returns an OR of the decoded words, for the barrier
-    uint32_t any = 0;
-#pragma unroll
-    for (int n2 = 0; n2 < kDvPerWarp / kVCols; ++n2) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-#pragma unroll
-        for (int odd = 0; odd < 2; ++odd) {
-          v_dec[n2][c][odd][0] = e4m3_trans_column_to_half2(v_frag[0][n2][2 * c], odd);
-          v_dec[n2][c][odd][1] = e4m3_trans_column_to_half2(v_frag[0][n2][2 * c + 1], odd);
-          any |= v_dec[n2][c][odd][0] | v_dec[n2][c][odd][1];
-        }
-      }
-    }
-    return any;
-  };
-  // Offset of this lane's ldmatrix address in a stage, in bytes (raw) or elements.
+  // Offset of this lane's ldmatrix address in a stage, in elements.
   const int v_key = (lane % 8) + ((lane >> 3) & 1) * 8;
-  const int v_off = kRaw ? v_key * Traits::kSmemRowBytes + warp * kDvPerWarp + (lane >> 4) * 16
-                         : v_key * kPitch + warp * kDvPerWarp + (lane >> 4) * 8;
-  // fp8_ds_mla: the P V warps' scale tile (their 64 columns are half of one), and the pending
-  // tile's scale of key `lane` in it, read with V since the next gather may take the stage.
-  const int ds_tile = warp * kDvPerWarp / kDsMlaTile;
-  float pv_key_scale = 0.f;
+  const int v_off = v_key * kPitch + warp * kDvPerWarp + (lane >> 4) * 8;
   auto load_v = [&](const uint8_t* sV_bytes) {
     const Element* sV = reinterpret_cast<const Element*>(sV_bytes);
-    if constexpr (kDs) pv_key_scale = *reinterpret_cast<const float*>(sV_bytes + lane * Traits::kSmemRowBytes + kDsMlaScaleOffset + ds_tile * 4);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
 #pragma unroll
-      for (int n2 = 0; n2 < kDvPerWarp / kVCols; ++n2) {
-        if constexpr (kRaw) ldmatrix_x4_trans(v_frag[kk][n2], sV_bytes + v_off + kk * 16 * Traits::kSmemRowBytes + n2 * kVCols);
-        else ldmatrix_x4_trans(v_frag[kk][n2], sV + v_off + kk * 16 * kPitch + n2 * 16);
-      }
+      for (int n2 = 0; n2 < kDvPerWarp / kVCols; ++n2) ldmatrix_x4_trans(v_frag[kk][n2], sV + v_off + kk * 16 * kPitch + n2 * 16);
     }
   };
   // The pending tile's P (A fragments) and alpha, read during the next tile's S: written before
@@ -220,10 +161,6 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   // starts on registers while the softmax's loads are in flight.
   uint32_t p_frag[kBlockN / 16][kMTiles][4];
   float alpha_r[kMTiles][2];
-  // fp8_ds_mla: P' = p * key scale / norm for this warp's scale tile (the main kernel's register
-  // P), norm a power of two near the tile's largest such scale (lazy: within 2^3 of it); acc_o
-  // holds O / ds_norm, the norm of the last tile it took.
-  float ds_norm = 1.f;
   const Element* p_row = sP + (lane % 16) * kPPitch;  // + m * 16 rows: same swizzle
   auto load_p = [&](int buf) {
 #pragma unroll
@@ -237,38 +174,6 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       for (int m = 0; m < kMTiles; ++m)
         ldmatrix_x4(p_frag[kk][m], p_row + buf * (kBlockH * kPPitch) + m * 16 * kPPitch +
                                        p_chunk(lane % 16, 2 * kk + lane / 16) * 8);
-    }
-    if constexpr (kDs) {
-      // The largest scale: non-negative floats order as their bits (one REDUX, not 5 shuffles).
-      const float smax = __int_as_float(__reduce_max_sync(~0u, __float_as_int(pv_key_scale)));
-      // Lazy: the norm stays while the tile's largest scale is within 2^3 of it (P' <= 2^8 x 2^3).
-      const float norm =
-          kLazy && smax >= ds_norm * 0.125f && smax < ds_norm * 8.f ? ds_norm : ds_scale_norm(smax);
-      // O / norm = alpha (norm_prev / norm) O / norm_prev + P' V, exactly (powers of two).
-      const float inv_norm = pow2_reciprocal(norm);
-      const float ratio = ds_norm * inv_norm;
-      ds_norm = norm;
-#pragma unroll
-      for (int m = 0; m < kMTiles; ++m) {
-        alpha_r[m][0] *= ratio;
-        alpha_r[m][1] *= ratio;
-      }
-      // Fragment register i of p_frag[kk][m] holds keys 16 kk + 8 (i / 2) + 2 (lane % 4) + {0, 1}:
-      // their scales / norm as an fp16 pair, from the even lane of the pair.
-      const float s = pv_key_scale * inv_norm;
-      const uint32_t pair = pack2<Element>(s, __shfl_down_sync(~0u, s, 1));
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t sc = __shfl_sync(~0u, pair, kk * 16 + h * 8 + (lane % 4) * 2);
-#pragma unroll
-          for (int m = 0; m < kMTiles; ++m) {
-            p_frag[kk][m][2 * h] = hmul2(p_frag[kk][m][2 * h], sc);
-            p_frag[kk][m][2 * h + 1] = hmul2(p_frag[kk][m][2 * h + 1], sc);
-          }
-        }
-      }
     }
   };
   // O = alpha O + P V for both head groups x this warp's 64 columns, from p_frag, alpha_r, v_frag.
@@ -298,28 +203,10 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
 #pragma unroll
       for (int n2 = 0; n2 < kDvPerWarp / kVCols; ++n2) {
-        if constexpr (kRaw) {
-          // As the main kernel's raw P V: matrices (keys 0-7, 8-15) x (bytes 0-15, 16-31),
-          // transposed as b16; the even bytes are the B fragment of 16-column chunk c's even
-          // columns, the odd bytes of its odd ones: acc_o[m][2 (2 n2 + c) + odd] (the epilogue's
-          // order).
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-#pragma unroll
-            for (int odd = 0; odd < 2; ++odd) {
-              const bool pre = kPreDecode && kk == 0;
-              const uint32_t b0 = pre ? v_dec[n2][c][odd][0] : e4m3_trans_column_to_half2(v_frag[kk][n2][2 * c], odd);
-              const uint32_t b1 = pre ? v_dec[n2][c][odd][1] : e4m3_trans_column_to_half2(v_frag[kk][n2][2 * c + 1], odd);
-#pragma unroll
-              for (int m = 0; m < kMTiles; ++m) mma_16816<Element>(acc_o[m][2 * (2 * n2 + c) + odd], p_frag[kk][m], b0, b1);
-            }
-          }
-        } else {
-#pragma unroll
-          for (int m = 0; m < kMTiles; ++m) {
-            mma_16816<Element>(acc_o[m][2 * n2], p_frag[kk][m], v_frag[kk][n2][0], v_frag[kk][n2][1]);
-            mma_16816<Element>(acc_o[m][2 * n2 + 1], p_frag[kk][m], v_frag[kk][n2][2], v_frag[kk][n2][3]);
-          }
+        for (int m = 0; m < kMTiles; ++m) {
+          mma_16816<Element>(acc_o[m][2 * n2], p_frag[kk][m], v_frag[kk][n2][0], v_frag[kk][n2][1]);
+          mma_16816<Element>(acc_o[m][2 * n2 + 1], p_frag[kk][m], v_frag[kk][n2][2], v_frag[kk][n2][3]);
         }
       }
     }
@@ -340,23 +227,6 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     const Element* sK = reinterpret_cast<const Element*>(sK_bytes);
     float acc_s[kMTiles][2][4] = {};
     const Element* k_base = sK + (kh * 16 + (lane % 8) + (lane / 16) * 8) * kPitch + ((lane / 8) & 1) * 8;
-    // fp8_ds_mla: the latent part times the key's scale of tile dq (fp32), before the bf16 rope
-    // step adds in at scale 1; this thread's keys are 16 kh + 8 nt + 2 (lane % 4) + e.
-    auto scale_by_keys = [&]() {
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = kh * 16 + nt * 8 + (lane % 4) * 2 + e;
-          const float sc = *reinterpret_cast<const float*>(sK_bytes + key * Traits::kSmemRowBytes + kDsMlaScaleOffset + dq * 4);
-#pragma unroll
-          for (int m = 0; m < kMTiles; ++m) {
-            acc_s[m][nt][e] *= sc;
-            acc_s[m][nt][2 + e] *= sc;
-          }
-        }
-      }
-    };
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
       // The next tile's gather is issued here, not at the loop top: ptxas cannot tell the stages
@@ -367,38 +237,13 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
         next_row = row_index(it + 2);
       }
       uint32_t b[4];  // keys 0-7 (b0, b1) and 8-15 (b2, b3) of the half
-      if (kDs && s == kLatentSteps) {
-        // fp8_ds_mla's rope step: bf16 at record byte kDsMlaRopeOffset + 2 (column - 512);
-        // matrices (keys 0-7, 8-15) x (columns 0-7, 8-15), the usual B fragments, as fp16.
-        scale_by_keys();
-        uint32_t r[4];
-        ldmatrix_x4(r, sK_bytes + (kh * 16 + (lane % 8) + ((lane >> 3) & 1) * 8) * Traits::kSmemRowBytes +
-                           kDsMlaRopeOffset + (step_col(s) - kKvLoraRank) * 2 + (lane >> 4) * 16);
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          b[2 * nt] = bf16x2_to_half2(r[nt]);
-          b[2 * nt + 1] = bf16x2_to_half2(r[2 + nt]);
-        }
-      } else if constexpr (kRaw) {
-        // The step's 16 bytes of the half's keys read as 8 b16: thread (n = lane / 4, j = lane
-        // % 4) gets bytes 4j .. 4j + 3 of key 8 nt + n, q's permuted columns.
-        uint32_t r[2];
-        ldmatrix_x2(r, sK_bytes + (kh * 16 + lane % 16) * Traits::kSmemRowBytes + step_col(s));
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          b[2 * nt] = e4m3x2_to_half2(r[nt]);
-          b[2 * nt + 1] = e4m3x2_hi_to_half2(r[nt]);
-        }
-      } else {
-        ldmatrix_x4(b, k_base + step_col(s));
-      }
+      ldmatrix_x4(b, k_base + step_col(s));
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
         for (int m = 0; m < kMTiles; ++m) mma_16816<Element>(acc_s[m][nt], q_frag[s][m], b[2 * nt], b[2 * nt + 1]);
       }
     }
-    if constexpr (kDs && kSteps == kLatentSteps) scale_by_keys();  // D = 512: no rope
     float* s_out = sS + dq * (kBlockH * kSPitch) + (lane / 4) * kSPitch + kh * 16 + (lane % 4) * 2;
 #pragma unroll
     for (int m = 0; m < kMTiles; ++m) {
@@ -411,8 +256,8 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     }
   };
 
-  // Online softmax over the tile in `stage` (base 2, fp32): its P, rounded once to the MMA type
-  // (fp8_ds_mla: and again after its scale in load_p), and alpha into buffer `stage`.
+  // Online softmax over the tile in `stage` (base 2, fp32): its P, rounded once to the MMA type,
+  // and alpha into buffer `stage`.
   auto softmax = [&](int stage) {
     const float* s_in = sS + sm_h * kSPitch + sm_k;
     // The shorter chain (sums from quarter 0, a tree maximum, the SFU's 2^x) gained 2-3 % at
@@ -420,7 +265,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     constexpr bool kShortChain = Traits::kHeadDim == kHeadSizeNoPE;
     float x[4];
     const float tile_max = tile_scores<kQuarters, kBlockH * kSPitch, kBlockN, kShortChain>(
-        s_in, sValid, stage, sm_k, kRaw ? score_scale : p.sm_scale_log2, x);
+        s_in, sValid, stage, sm_k, p.sm_scale_log2, x);
     auto exp2_chain = [](float v) { return kShortChain ? exp2_ftz(v) : exp2f(v); };
     const float m_new = !kLazy ? fmaxf(m_run, tile_max) : tile_max > m_run + kLazyLog2 ? tile_max : m_run;
     // Nothing valid so far (m_new = -inf): p = 0, state unchanged. Selects, not a branch, so that
@@ -456,11 +301,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     const uint8_t* sK_bytes = sKV + stage * Traits::kSmemKVStageBytes;
     load_p(stage ^ 1);
     scores(sK_bytes, it);
-    if constexpr (kPreDecode) {
-      __syncthreads_or(predecode() == 0u);  // the result is not needed, only the operand
-    } else {
-      __syncthreads();
-    }
+    __syncthreads();
     pv();  // the tile before's P V, whose MMAs interleave with the softmax
     softmax(stage);
     load_v(sK_bytes);
@@ -468,7 +309,6 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   if (num_tiles > 0) {
     __syncthreads();  // the last tile's P and alpha
     load_p((num_tiles - 1) % 2);
-    if constexpr (kPreDecode) predecode();
     pv();
   }
   cp_async_wait<0>();  // nothing may be in flight when the block exits
@@ -476,7 +316,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // see the main kernel
 #endif
 
-  // Epilogue (fwd_common.cuh): as the main kernel's; fp8_ds_mla's O times the warp's last norm.
+  // Epilogue (fwd_common.cuh): as the main kernel's.
   write_lse(p, sL, t, h0, split, tid, sm_h, m_run, l_run);
 #pragma unroll
   for (int m = 0; m < kMTiles; ++m) {
@@ -486,8 +326,8 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       const int h = h0 + r;
       if (h >= p.num_heads) continue;
       const float l = sL[r];
-      const float inv = l > 0.f ? (kDs ? ds_norm : tensor_scale) / l : 0.f;
-      write_o_row<QElement, kRaw>(p, t, h, split, warp * kDvPerWarp + (lane % 4) * (kRaw ? 4 : 2), half, acc_o[m], inv);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      write_o_row<QElement, false>(p, t, h, split, warp * kDvPerWarp + (lane % 4) * 2, half, acc_o[m], inv);
     }
   }
 }
