@@ -18,10 +18,11 @@ constexpr int kMaxHeadGroups = 2;
 // The groups of the largest block a token of num_heads heads can fill.
 constexpr int head_groups_for(int num_heads) { return num_heads > 16 ? 2 : 1; }
 
-// Whether a configuration's kernel is the WideWarps family (sparse_mla_fwd_wide.cuh): 32-head
-// blocks of 16-bit caches whose q enters the MMAs in one part, i.e. all but fp16 q with a bf16
-// cache (1.08-1.13x faster than the main kernel there on the H200, bench/HISTORY.md v29), and of
-// fp8 caches in raw tiles (fp8_e4m3 v42, fp8_ds_mla v43), but for the E4m3Pv variant.
+// Whether a configuration's kernel is the WideWarps family: 32-head blocks of 16-bit caches whose
+// q enters the MMAs in one part, i.e. all but fp16 q with a bf16 cache (sparse_mla_fwd_wide.cuh;
+// 1.08-1.13x faster than the main kernel there on the H200, bench/HISTORY.md v29), and of fp8
+// caches in raw tiles (fp8_e4m3 v42, fp8_ds_mla v43; sparse_mla_fwd_pingpong.cuh since v48), but
+// for the E4m3Pv variant.
 template <typename QElement, KvFormat kFormat, int kHeadGroups, int kCopyStages, bool kFp8RawTiles>
 constexpr bool wide_warps_kernel() {
   if (kHeadGroups != 2 || kCopyStages != 2) return false;
@@ -95,8 +96,9 @@ struct SparseMlaFwdTraits {
   static constexpr bool kRawFp8 = is_fp8(kFormat) && kFp8RawTiles_;
   static constexpr bool kDirectCopy = kFormat == KvFormat::kBFloat16 || kFormat == KvFormat::kFloat16 || kRawFp8;
   static constexpr int kQParts = kQSplit ? 2 : 1;
-  // P buffers per head group: none with P in registers; two in the WideWarps family (below), whose
-  // P V of a tile runs beside the next tile's softmax, which also needs a second array of alpha.
+  // P buffers per head group: none with P in registers; two in the WideWarps body (below), whose
+  // P V of a tile runs beside the next tile's softmax, which also needs a second array of alpha;
+  // one in the PingPong body, whose P V warps write their P and read it back.
   static constexpr bool kWideWarps = kWideWarps_;
   static constexpr int kPBuffers = kRegisterP ? 0 : kWideWarps && !kPingPong ? 2 : 1;
   static constexpr int kStatsArrays = kWideWarps && !kPingPong ? 3 : 2;  // alpha (per tile in flight), l; kBlockH floats each
@@ -179,10 +181,11 @@ struct SparseMlaFwdTraits {
   using E4m3Pv =
       SparseMlaFwdTraits<QElement_, kFormat_, kHeadDim_, kHeadGroups_, kCopyStages_, kFp8RawTiles_, false, true, false>;
 
-  // WideWarps (wide_warps_kernel): the kernel body of sparse_mla_fwd_wide.cuh, in which every
-  // warp serves all 32 heads, so that each K and V fragment read from shared memory feeds two
-  // MMAs: S over a quarter of D for 16 of the tile's 32 keys, P V over 64 of the 512 output
-  // columns. The main kernel's shared-memory layout but for a second P buffer and alpha array.
+  // WideWarps (wide_warps_kernel): the kernel bodies of sparse_mla_fwd_wide.cuh and (fp8)
+  // sparse_mla_fwd_pingpong.cuh, in which every warp serves all 32 heads, so that each K and V
+  // fragment read from shared memory feeds two MMAs: S over a quarter of D for 16 of the tile's 32
+  // keys, P V over 64 of the 512 output columns. The main kernel's shared-memory layout but for a
+  // second P buffer and alpha array (WideWarps) or a third stage and an mbarrier (PingPong).
   static_assert(kWideWarps == (wide_warps_kernel<QElement_, kFormat_, kHeadGroups_, kCopyStages_, kFp8RawTiles_>() &&
                                !kE4m3Pv_),
                 "the kernel family follows from the configuration");
