@@ -79,6 +79,7 @@ __device__ __forceinline__ void mma_16832_e4m3(float (&d)[4], const uint32_t (&a
   __trap();
 #endif
 }
+
 #endif  // SPARSE_MLA_EMULATION
 
 // Whether the device runs `kernel`, which calls mma_16832_e4m3, from an image compiled for

@@ -73,9 +73,9 @@ double co_resident_tile_time(KvFormat format, int num_tokens, int num_heads, int
 // were faster on the H200 but for bf16 at head_size 512, up to 1.5 % slower, bench/HISTORY.md v25),
 // but where e4m3 converts in hardware and the 32-head grid has more blocks than SMs (their
 // WideWarps kernel: fp8_e4m3 1.10-1.21x there on the H200 and 0.89-0.94x in one-wave grids, v42;
-// fp8_ds_mla ~1.1-1.25x, v43-v44; its PingPong body 1.16-1.38x on an H100, v49), or where the 32-head plan would split into short blocks (decode: a
-// block's time is its chain of tiles); else 32-head blocks, which gather each row once for 32
-// heads (v18). sm_version: as plan_fwd's.
+// fp8_ds_mla ~1.1-1.25x, v43-v44; its PingPong body 1.16-1.38x on an H100, v49), or where the
+// 32-head plan would split into short blocks (decode: a block's time is its chain of tiles); else
+// 32-head blocks, which gather each row once for 32 heads (v18). sm_version: as plan_fwd's.
 int plan_head_groups(int num_tokens, int num_heads, KvFormat format, int topk, int num_sms, int64_t workspace_bytes,
                      int sixteen_head_blocks_per_sm, int thirty_two_head_blocks_per_sm, int sm_version = 0);
 
