@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
 import subprocess
 import sys
@@ -56,3 +57,21 @@ def test_command_prints_the_table():
     assert r.returncode == 0, r.stderr
     assert "warp 1" in r.stdout and "3000" in r.stdout
     assert "whole blocks" in r.stdout and "1.800" in r.stdout
+
+
+PINGPONG_LINES = [
+    "phase_clocks block 0 warp 0 tiles 10 loop 20000: 500 3000 100 9000 400 1000\n",
+    "phase_clocks block 0 warp 9 tiles 10 loop 20000: 2000 3000 4000 500 9000 0\n",
+]
+
+
+def test_pingpong_build_is_split_by_warp_role():
+    roles = phase_clocks.split_roles(phase_clocks.parse(PINGPONG_LINES))
+    assert set(roles) == {"S warps", "P V warps"}
+    assert phase_clocks.summarise(roles["S warps"])["warp 0"] == pytest.approx([2000, 50, 300, 10, 900, 40, 100])
+    assert phase_clocks.summarise(roles["P V warps"])["all"] == pytest.approx([2000, 200, 300, 400, 50, 900, 0])
+    r = subprocess.run([sys.executable, str(_TOOL), "--pingpong"], input="".join(PINGPONG_LINES), capture_output=True,
+                       text=True, env={**os.environ, "COLUMNS": "200"})  # rich: no wrapped headers
+    assert r.returncode == 0, r.stderr
+    assert "S warps: cycles per tile" in r.stdout and "P V warps: cycles per tile" in r.stdout
+    assert "scores' hand-over" in r.stdout and "softmax + P" in r.stdout

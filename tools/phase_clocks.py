@@ -1,4 +1,4 @@
-"""Summarise the WideWarps family's phase clocks: where each warp's tile-loop cycles go.
+"""Summarise the 32-head kernels' phase clocks: where each warp's tile-loop cycles go.
 
 A measurement build (``bench/candidates/v34-phase-clocks.diff``, never main) makes lane 0 of
 every warp of the first 16 blocks print, after the tile loop, its cycles summed over the tiles
@@ -23,7 +23,12 @@ in and after the tile loop):
 
 from which a second table gives the medians of the three parts and the SM clock they imply
 (cycles / ns): the clock the kernel really ran at, which under a power limit is below the
-maximum that ``nvidia-smi`` reports. The build prints with ``printf``, which spills in some
+maximum that ``nvidia-smi`` reports.
+
+``--pingpong`` reads the PingPong kernel's build (``bench/candidates/pingpong-phase-clocks.diff``,
+fp8 caches), whose two warp roles time different phases in the same six columns (ROLE_PHASES):
+one table per role, warps 0-7 and 8-15. Its block line comes from the first P V thread, whose
+role ends the block. The build prints with ``printf``, which spills in some
 kernels that the measurement does not run: build it with
 ``CMAKE_ARGS=-DSPARSE_MLA_CHECK_RESOURCES=OFF``.
 """
@@ -40,6 +45,11 @@ from rich.console import Console
 from rich.table import Table
 
 PHASES = ("gather wait", "barrier 1", "S", "barrier 2", "P V + softmax", "V loads")
+# The PingPong kernel's roles (sparse_mla_fwd_pingpong.cuh): S warps 0-7, P V warps 8-15.
+ROLE_PHASES = {
+    "S warps": ("gather wait", "block barrier", "own barrier", "S", "scores' hand-over", "score stores"),
+    "P V warps": ("block barrier", "score loads + max", "softmax + P", "P barrier", "alpha + P V", "-"),
+}
 LINE = re.compile(r"phase_clocks block (\d+) warp (\d+) tiles (\d+) loop (\d+): " + r" ".join([r"(-?\d+)"] * len(PHASES)))
 
 
@@ -95,24 +105,41 @@ def summarise(per_warp: dict[int, list[list[float]]]) -> dict[str, list[float]]:
     return out
 
 
+def split_roles(per_warp: dict[int, list[list[float]]]) -> dict[str, dict[int, list[list[float]]]]:
+    """``parse``'s records of the PingPong build by role: {"S warps": warps 0-7, "P V warps":
+    warps 8-15}, each a ``parse``-shaped dict (roles without records left out)."""
+    roles = {"S warps": {w: r for w, r in per_warp.items() if w < 8},
+             "P V warps": {w: r for w, r in per_warp.items() if w >= 8}}
+    return {name: recs for name, recs in roles.items() if recs}
+
+
+def print_cycles(per_warp: dict[int, list[list[float]]], phases, title: str) -> None:
+    summary = summarise(per_warp)
+    table = Table(title=f"{title} ({sum(len(v) for v in per_warp.values())} warp records)")
+    for name in ("", "loop", *phases, "rest"):
+        table.add_column(name, justify="right")
+    for name, row in summary.items():
+        loop, cols = row[0], row[1:]
+        table.add_row(name, f"{loop:.0f}", *(f"{c:.0f}" for c in cols), f"{loop - sum(cols):.0f}")
+    Console().print(table)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("file", nargs="?", type=argparse.FileType("r"), default=sys.stdin,
                     help="the printed output (default: standard input)")
+    ap.add_argument("--pingpong", action="store_true", help="the PingPong kernel's build: a table per warp role")
     args = ap.parse_args()
     lines = args.file.readlines()
     try:
         per_warp = parse(lines)
     except ValueError as e:
         sys.exit(f"phase_clocks: {e}")
-    summary = summarise(per_warp)
-    table = Table(title=f"cycles per tile ({sum(len(v) for v in per_warp.values())} warp records)")
-    for name in ("", "loop", *PHASES, "rest"):
-        table.add_column(name, justify="right")
-    for name, row in summary.items():
-        loop, phases = row[0], row[1:]
-        table.add_row(name, f"{loop:.0f}", *(f"{c:.0f}" for c in phases), f"{loop - sum(phases):.0f}")
-    Console().print(table)
+    if args.pingpong:
+        for role, recs in split_roles(per_warp).items():
+            print_cycles(recs, ROLE_PHASES[role], f"{role}: cycles per tile")
+    else:
+        print_cycles(per_warp, PHASES, "cycles per tile")
     blocks = parse_blocks(lines)
     if blocks:
         b = summarise_blocks(blocks)
