@@ -23,14 +23,14 @@ in and after the tile loop):
 
 from which a second table gives the medians of the three parts and the SM clock they imply
 (cycles / ns): the clock the kernel really ran at, which under a power limit is below the
-maximum that ``nvidia-smi`` reports.
+maximum that ``nvidia-smi`` reports. The build prints with ``printf``, which spills in some
+kernels that the measurement does not run: build it with
+``CMAKE_ARGS=-DSPARSE_MLA_CHECK_RESOURCES=OFF``.
 
 ``--pingpong`` reads the PingPong kernel's build (``bench/candidates/pingpong-phase-clocks.diff``,
 fp8 caches), whose two warp roles time different phases in the same six columns (ROLE_PHASES):
 one table per role, warps 0-7 and 8-15. Its block line comes from the first P V thread, whose
-role ends the block. The build prints with ``printf``, which spills in some
-kernels that the measurement does not run: build it with
-``CMAKE_ARGS=-DSPARSE_MLA_CHECK_RESOURCES=OFF``.
+role ends the block.
 """
 
 from __future__ import annotations
@@ -114,6 +114,7 @@ def split_roles(per_warp: dict[int, list[list[float]]]) -> dict[str, dict[int, l
 
 
 def print_cycles(per_warp: dict[int, list[list[float]]], phases, title: str) -> None:
+    """Prints ``summarise(per_warp)`` as a table whose phase columns are named ``phases``."""
     summary = summarise(per_warp)
     table = Table(title=f"{title} ({sum(len(v) for v in per_warp.values())} warp records)")
     for name in ("", "loop", *phases, "rest"):
