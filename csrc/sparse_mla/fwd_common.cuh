@@ -1,5 +1,5 @@
-// Device helpers shared by the forward kernel families (sparse_mla_fwd_kernel.cuh,
-// sparse_mla_fwd_wide.cuh).
+// Device helpers shared by the forward kernel bodies (sparse_mla_fwd_kernel.cuh,
+// sparse_mla_fwd_wide.cuh, sparse_mla_fwd_pingpong.cuh).
 #pragma once
 
 #include <cmath>
@@ -158,6 +158,33 @@ __device__ __forceinline__ float tile_scores(const float* s_in, const int* s_val
 #pragma unroll
   for (int o = 1; o < 8; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, o));
   return tile_max;
+}
+
+// The softmax's second step, the same in both families: the running maximum m_run, the tile's
+// p = 2^(x - m) (the thread's 4 keys) and the running sum l_run, updated for the tile whose
+// maximum is tile_max (tile_scores); returns alpha = 2^(m_old - m_new), O's factor. kLazy: the
+// FlashAttention-4 lazy rescale, m moved only when tile_max passes it by more than 2^8, and alpha
+// exactly 1 where it stays, whatever the SFU gives for 2^0, for the warp vote that skips O's
+// rescale; the others never vote (2^0 as the SFU gives it, 4 instructions fewer). Nothing valid
+// so far (m = -inf): p = 0, state unchanged, by selects rather than a branch, so that ptxas may
+// interleave the chain with MMAs beside it. kShortChain: the SFU's 2^x without denormals (v35).
+template <bool kLazy, bool kShortChain>
+__device__ __forceinline__ float online_softmax_step(const float (&x)[4], float tile_max, float& m_run, float& l_run,
+                                                     float (&pr)[4]) {
+  constexpr float kLazyLog2 = 8.f;
+  auto exp2_chain = [](float v) { return kShortChain ? exp2_ftz(v) : exp2f(v); };
+  const float m_new = !kLazy ? fmaxf(m_run, tile_max) : tile_max > m_run + kLazyLog2 ? tile_max : m_run;
+  const bool any = m_new != -INFINITY;
+  const float alpha = any && (!kLazy || m_new != m_run) ? exp2_chain(m_run - m_new) : 1.f;
+  float psum = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    pr[i] = any ? exp2_chain(x[i] - m_new) : 0.f;
+    psum += pr[i];
+  }
+  l_run = l_run * alpha + psum;
+  m_run = m_new;
+  return alpha;
 }
 
 // The epilogue's first half, the same in both families: each head's row sum l, summed over its 8

@@ -42,12 +42,11 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   constexpr int kLineChunks = 8;  // cp.async: 8 threads per row, whole 128-byte lines per warp
   static_assert(!Traits::kRawFp8 && !Traits::kPingPong, "16-bit tiles");
   // fp16 P: the FlashAttention-4 lazy rescale. A row's reference maximum moves only when a tile's
-  // maximum passes it by more than kLazyLog2 (p <= 2^8), and O is rescaled only in the tiles where
-  // some row's did (a warp vote). Under a lazy maximum the largest p, otherwise exactly 1, is
+  // maximum passes it by more than 2^8 (online_softmax_step), and O is rescaled only in the tiles
+  // where some row's did (a warp vote). Under a lazy maximum the largest p, otherwise exactly 1, is
   // rounded like the rest: bf16 P would spend up to 1.3e-3 of its 4e-3 bar
   // (tools/lazy_rescale_rounding.py), so it keeps the exact maximum.
   constexpr bool kLazy = std::is_same_v<Element, __half>;
-  constexpr float kLazyLog2 = 8.f;
   static_assert(kBlockH == 32 && kBlockN == 32 && Traits::kNumWarps == 8 && Traits::kNumThreads / kLineChunks == kBlockN &&
                 Traits::kStatsArrays == 3);
   static_assert(Traits::kHeadGroups * Traits::kSBuffersPerGroup * Traits::kSmemSPartElems == kQuarters * kBlockH * kSPitch &&
@@ -266,23 +265,8 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     float x[4];
     const float tile_max = tile_scores<kQuarters, kBlockH * kSPitch, kBlockN, kShortChain>(
         s_in, sValid, stage, sm_k, p.sm_scale_log2, x);
-    auto exp2_chain = [](float v) { return kShortChain ? exp2_ftz(v) : exp2f(v); };
-    const float m_new = !kLazy ? fmaxf(m_run, tile_max) : tile_max > m_run + kLazyLog2 ? tile_max : m_run;
-    // Nothing valid so far (m_new = -inf): p = 0, state unchanged. Selects, not a branch, so that
-    // ptxas may interleave this chain with the P V MMAs beside it.
-    const bool any = m_new != -INFINITY;
-    // Lazy kernels: alpha is exactly 1 where the maximum stays, whatever the SFU gives for 2^0,
-    // for the vote in pv. The others never vote: 2^0 as the SFU gives it, 4 instructions fewer.
-    const float alpha = any && (!kLazy || m_new != m_run) ? exp2_chain(m_run - m_new) : 1.f;
-    float psum = 0.f;
     float pr[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      pr[i] = any ? exp2_chain(x[i] - m_new) : 0.f;
-      psum += pr[i];
-    }
-    l_run = l_run * alpha + psum;
-    m_run = m_new;
+    const float alpha = online_softmax_step<kLazy, kShortChain>(x, tile_max, m_run, l_run, pr);
     *reinterpret_cast<uint2*>(sP + stage * (kBlockH * kPPitch) + sm_h * kPPitch + p_chunk(sm_h, sm_k / 8) * 8 + sm_k % 8) =
         make_uint2(pack2<Element>(pr[0], pr[1]), pack2<Element>(pr[2], pr[3]));
     if ((tid % 8) == 0) sAlpha[stage * kBlockH + sm_h] = alpha;
