@@ -160,14 +160,15 @@ __device__ __forceinline__ float tile_scores(const float* s_in, const int* s_val
   return tile_max;
 }
 
-// The softmax's second step, the same in both families: the running maximum m_run, the tile's
-// p = 2^(x - m) (the thread's 4 keys) and the running sum l_run, updated for the tile whose
+// The softmax's second step, the same in both 32-head bodies: the running maximum m_run, the
+// tile's p = 2^(x - m) (the thread's 4 keys) and the running sum l_run, updated for the tile whose
 // maximum is tile_max (tile_scores); returns alpha = 2^(m_old - m_new), O's factor. kLazy: the
-// FlashAttention-4 lazy rescale, m moved only when tile_max passes it by more than 2^8, and alpha
-// exactly 1 where it stays, whatever the SFU gives for 2^0, for the warp vote that skips O's
-// rescale; the others never vote (2^0 as the SFU gives it, 4 instructions fewer). Nothing valid
-// so far (m = -inf): p = 0, state unchanged, by selects rather than a branch, so that ptxas may
-// interleave the chain with MMAs beside it. kShortChain: the SFU's 2^x without denormals (v35).
+// FlashAttention-4 lazy rescale, m moved only when tile_max passes it by more than kLazyLog2 = 8
+// (base 2, so p <= 2^8), and alpha exactly 1 where it stays, whatever the SFU gives for 2^0, for
+// the warp vote that skips O's rescale; the others never vote (2^0 as the SFU gives it, 4
+// instructions fewer). Nothing valid so far (m = -inf): p = 0, state unchanged, by selects rather
+// than a branch, so that ptxas may interleave the chain with MMAs beside it. kShortChain: the
+// SFU's 2^x without denormals (v35).
 template <bool kLazy, bool kShortChain>
 __device__ __forceinline__ float online_softmax_step(const float (&x)[4], float tile_max, float& m_run, float& l_run,
                                                      float (&pr)[4]) {
