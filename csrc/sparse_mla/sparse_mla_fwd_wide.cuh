@@ -43,9 +43,9 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   static_assert(!Traits::kRawFp8 && !Traits::kPingPong, "16-bit tiles");
   // fp16 P: the FlashAttention-4 lazy rescale. A row's reference maximum moves only when a tile's
   // maximum passes it by more than 8 (base 2, so p <= 2^8; online_softmax_step), and O is
-  // rescaled only in the tiles where some row's did (a warp vote). Under a lazy maximum the largest p, otherwise exactly 1, is
-  // rounded like the rest: bf16 P would spend up to 1.3e-3 of its 4e-3 bar
-  // (tools/lazy_rescale_rounding.py), so it keeps the exact maximum.
+  // rescaled only in the tiles where some row's did (a warp vote). Under a lazy maximum the
+  // largest p, otherwise exactly 1, is rounded like the rest: bf16 P would spend up to 1.3e-3 of
+  // its 4e-3 bar (tools/lazy_rescale_rounding.py), so it keeps the exact maximum.
   constexpr bool kLazy = std::is_same_v<Element, __half>;
   static_assert(kBlockH == 32 && kBlockN == 32 && Traits::kNumWarps == 8 && Traits::kNumThreads / kLineChunks == kBlockN &&
                 Traits::kStatsArrays == 3);
