@@ -134,7 +134,8 @@ struct SparseMlaFwdTraits {
   static constexpr bool kPairedScores = kPairedScores_;
   static_assert(!kPairedScores || (kDirectCopy && kHeadGroups == 1), "paired partial scores: 16-head copied tiles");
   static constexpr int kSBuffersPerGroup = kPairedScores ? kWarpsPerGroup / 2 : kWarpsPerGroup;
-  // PingPong: the mbarrier of its partial-score buffer's hand-over (8 bytes, 8-byte aligned).
+  // PingPong: the mbarrier of its partial-score buffer's hand-over (8 bytes, in a 16-byte slot at an
+  // 8-byte-aligned offset).
   static constexpr int kSmemBarrierBytes = kPingPong ? 16 : 0;
   static constexpr int kSmemUnstaged = kHeadGroups * kSBuffersPerGroup * kSmemSPartBytes +
                                        kHeadGroups * kPBuffers * kSmemPBufferElems * 2 + kStatsArrays * kBlockH * 4 +
