@@ -7,8 +7,9 @@
 #   tools/phase_clocks_device.sh OUT NAME=FLAGS [NAME=FLAGS ...]
 #
 # FLAGS go to nvcc through CMAKE_CUDA_FLAGS, e.g. "plain=" "twice=-DPC_SCORES_TWICE"
-# "delay=-DPC_S_DELAY=300" (the probes of bench/candidates/pingpong-phase-clocks.diff). OUT and
-# the diffs are paths from the caller's directory. Environment: PC_DIFF (the measuring diff; default
+# "delay=-DPC_S_DELAY=300" "kdelay=-DPC_K_DELAY=300" (the probes of
+# bench/candidates/pingpong-phase-clocks.diff). OUT and the diffs are paths from the caller's
+# directory. Environment: PC_DIFF (the measuring diff; default
 # bench/candidates/pingpong-phase-clocks.diff, whose tables take --pingpong), PC_BASE (a kernel
 # diff applied first, e.g. a candidate's; default none), PC_SHAPES (MODEL:HEADS,...; default
 # DeepSeek-V3.2:128,GLM-5.3-Flash:64), PC_KV (default fp8_e4m3,fp8_ds_mla), PC_TOKENS (default
@@ -17,7 +18,7 @@
 # prints each table's "all" rows. Exits 2 on bad arguments (before anything is built), 1 on a
 # failed patch, build or run.
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n '2,18p' "$0" >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,19p' "$0" >&2; exit 2; }
 out=$(realpath -m "$1"); shift
 diff=$(realpath -m "${PC_DIFF:-$(dirname "$0")/../bench/candidates/pingpong-phase-clocks.diff}")
 base=${PC_BASE:+$(realpath -m "$PC_BASE")}
