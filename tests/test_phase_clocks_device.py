@@ -1,4 +1,5 @@
-"""tools/phase_clocks_device.sh: the arguments it refuses before building anything (CPU only)."""
+"""tools/phase_clocks_device.sh: the arguments it refuses before building anything, and what each
+build is made of and passed (a stand-in python3; CPU only)."""
 
 import pathlib
 import subprocess

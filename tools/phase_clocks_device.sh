@@ -16,9 +16,10 @@
 # 1024), PC_ARCHS (default 90), PC_WORK (default /tmp/phase_clocks_device). Writes
 # OUT/build_NAME.log, OUT/NAME_MODEL_HEADS_KV.txt (the tables) and .raw (the kernel's lines), and
 # prints each table's "all" rows. Exits 2 on bad arguments (before anything is built), 1 on a
-# failed patch, build or run.
+# failed patch, build or run. A device call brings back only a few files: give OUT outside the
+# call's $OUT and pack it there (tar) in the same command.
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n '2,19p' "$0" >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,20p' "$0" >&2; exit 2; }
 out=$(realpath -m "$1"); shift
 diff=$(realpath -m "${PC_DIFF:-$(dirname "$0")/../bench/candidates/pingpong-phase-clocks.diff}")
 base=${PC_BASE:+$(realpath -m "$PC_BASE")}
