@@ -150,18 +150,16 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
 }
 __device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, int parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n.reg .pred done;\nwait_%=:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra wait_%=;\n}\n" ::"r"(
-          static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
-      "r"(parity)
-      : "memory");
+#define SPARSE_MLA_MBARRIER_WAIT "try_wait"
 #else  // sm_80-89: test_wait (try_wait is sm_90's)
-  asm volatile(
-      "{\n.reg .pred done;\nwait_%=:\nmbarrier.test_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra wait_%=;\n}\n" ::"r"(
-          static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
-      "r"(parity)
-      : "memory");
+#define SPARSE_MLA_MBARRIER_WAIT "test_wait"
 #endif
+  asm volatile("{\n.reg .pred done;\nwait_%=:\nmbarrier." SPARSE_MLA_MBARRIER_WAIT
+               ".parity.shared::cta.b64 done, [%0], %1;\n@!done bra wait_%=;\n}\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
+               "r"(parity)
+               : "memory");
+#undef SPARSE_MLA_MBARRIER_WAIT
 }
 #endif  // SPARSE_MLA_EMULATION
 
