@@ -121,15 +121,22 @@ __device__ __forceinline__ BlockWork block_work(const SparseMlaFwdParams& p) {
   return w;
 }
 
+// The lazy rescale's margin (online_softmax_step), base 2.
+constexpr float kLazyLog2 = 8.f;
+
 // The softmax's first step, the same in both families: a thread's 4 keys (key .. key + 3 of the
 // tile in `stage`) summed over the kParts partial-score buffers (kPartStride floats apart),
 // scaled to base 2, -inf where s_valid says the slot is invalid, and the tile's maximum over the 8
 // threads of the head. kShortChain starts the sums from buffer 0 and takes a tree maximum (a
 // shorter dependent chain, v35-v36). `valid` is formed after the sums: ptxas then keeps the
 // loops' SASS as it was before this was shared.
-template <int kParts, int kPartStride, int kBlockN, bool kShortChain>
+// The maximum only matters where it moves the head's running maximum m_run (past m_run, or under
+// kLazy past m_run + kLazyLog2; online_softmax_step): where no thread of the warp holds such a
+// score, a vote skips the 3 dependent shuffles (a long wait in the chain; HISTORY.md v52) and
+// the thread's own maximum, which moves nothing either, is returned: the outputs are the same.
+template <int kParts, int kPartStride, int kBlockN, bool kShortChain, bool kLazy>
 __device__ __forceinline__ float tile_scores(const float* s_in, const int* s_valid, int stage, int key, float scale,
-                                             float (&x)[4]) {
+                                             float m_run, float (&x)[4]) {
   if constexpr (kShortChain) {
     const float4 s0 = *reinterpret_cast<const float4*>(s_in);
     x[0] = s0.x;
@@ -155,8 +162,10 @@ __device__ __forceinline__ float tile_scores(const float* s_in, const int* s_val
     if constexpr (!kShortChain) tile_max = fmaxf(tile_max, x[i]);
   }
   if constexpr (kShortChain) tile_max = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+  if (__any_sync(~0u, tile_max > (kLazy ? m_run + kLazyLog2 : m_run))) {
 #pragma unroll
-  for (int o = 1; o < 8; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, o));
+    for (int o = 1; o < 8; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, o));
+  }
   return tile_max;
 }
 
@@ -172,7 +181,6 @@ __device__ __forceinline__ float tile_scores(const float* s_in, const int* s_val
 template <bool kLazy, bool kShortChain>
 __device__ __forceinline__ float online_softmax_step(const float (&x)[4], float tile_max, float& m_run, float& l_run,
                                                      float (&pr)[4]) {
-  constexpr float kLazyLog2 = 8.f;
   auto exp2_chain = [](float v) { return kShortChain ? exp2_ftz(v) : exp2f(v); };
   const float m_new = !kLazy ? fmaxf(m_run, tile_max) : tile_max > m_run + kLazyLog2 ? tile_max : m_run;
   const bool any = m_new != -INFINITY;

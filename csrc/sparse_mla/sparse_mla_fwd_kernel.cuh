@@ -366,7 +366,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     auto softmax = [&](int stage) {
       float* s_in = sS + (sm_g * kSBuf) * Traits::kSmemSPartElems + (sm_h % 16) * Traits::kSPitch + sm_k;
       float x[4];
-      const float tile_max = tile_scores<kSBuf, Traits::kSmemSPartElems, kBlockN, false>(s_in, sValid, stage, sm_k, score_scale, x);
+      const float tile_max = tile_scores<kSBuf, Traits::kSmemSPartElems, kBlockN, false, false>(s_in, sValid, stage, sm_k,
+                                                                                            score_scale, m_run, x);
       const float m_new = fmaxf(m_run, tile_max);
       float alpha = 1.f, psum = 0.f;
       float pr[4] = {0.f, 0.f, 0.f, 0.f};

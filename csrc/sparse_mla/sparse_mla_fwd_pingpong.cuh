@@ -253,8 +253,8 @@ __device__ __forceinline__ void sparse_mla_fwd_pingpong_block(const SparseMlaFwd
     const int stage = tile % kStages;
     // Softmax of the tile (base 2, fp32; fwd_common.cuh).
     float x[4];
-    const float tile_max = tile_scores<kQuarters, kBlockH * kSPitch, kBlockN, Traits::kHeadDim == kHeadSizeNoPE>(
-        sS + sm_h * kSPitch + sm_k, sValid, stage, sm_k, score_scale, x);
+    const float tile_max = tile_scores<kQuarters, kBlockH * kSPitch, kBlockN, Traits::kHeadDim == kHeadSizeNoPE, kLazy>(
+        sS + sm_h * kSPitch + sm_k, sValid, stage, sm_k, score_scale, m_run, x);
     if (k < num_tiles) mbarrier_arrive(scores_free);  // the scores are read
     float pr[4];
     const float alpha = online_softmax_step<kLazy, Traits::kHeadDim == kHeadSizeNoPE>(x, tile_max, m_run, l_run, pr);

@@ -263,8 +263,8 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     // D = 512; at D = 576 ptxas then ordered S and P V so that it lost 1.5 % (v35).
     constexpr bool kShortChain = Traits::kHeadDim == kHeadSizeNoPE;
     float x[4];
-    const float tile_max = tile_scores<kQuarters, kBlockH * kSPitch, kBlockN, kShortChain>(
-        s_in, sValid, stage, sm_k, p.sm_scale_log2, x);
+    const float tile_max = tile_scores<kQuarters, kBlockH * kSPitch, kBlockN, kShortChain, kLazy>(
+        s_in, sValid, stage, sm_k, p.sm_scale_log2, m_run, x);
     float pr[4];
     const float alpha = online_softmax_step<kLazy, kShortChain>(x, tile_max, m_run, l_run, pr);
     *reinterpret_cast<uint2*>(sP + stage * (kBlockH * kPPitch) + sm_h * kPPitch + p_chunk(sm_h, sm_k / 8) * 8 + sm_k % 8) =

@@ -93,9 +93,10 @@ std::string run_check(const std::string& name) {
       const int x = __shfl_xor_sync(~0u, lane, 5), s = __shfl_sync(~0u, lane * 3, 7);
       const int d = __shfl_down_sync(~0u, lane, 4);
       const int all = __all_sync(~0u, lane < 32), some = __all_sync(~0u, lane != 9);
+      const int any = __any_sync(~0u, lane == 9), none = __any_sync(~0u, lane > 31);
       const int m = __reduce_max_sync(~0u, lane == 13 ? 100 : -lane);
-      const int any = __syncthreads_or(threadIdx.x == 40);
-      if (x != (lane ^ 5) || s != 21 || d != (lane < 28 ? lane + 4 : lane) || !all || some || m != 100 || !any) ok = 0;
+      const int or_ = __syncthreads_or(threadIdx.x == 40);
+      if (x != (lane ^ 5) || s != 21 || d != (lane < 28 ? lane + 4 : lane) || !all || some || !any || none || m != 100 || !or_) ok = 0;
     }, emu::Schedule::kLockstep);
     return ok ? "ok" : "wrong";
   }

@@ -189,6 +189,7 @@ inline int __all_sync(unsigned mask, int predicate) {
   emu::warp_op(op);
   return static_cast<int>(r);
 }
+inline int __any_sync(unsigned mask, int predicate) { return !__all_sync(mask, predicate == 0); }
 inline int __reduce_max_sync(unsigned mask, int value) {
   emu::require_full_mask(mask);
   uint32_t r;
