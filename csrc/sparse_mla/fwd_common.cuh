@@ -51,6 +51,36 @@ __device__ __forceinline__ void gather_row(const SparseMlaFwdParams& p, uint8_t*
   cp_async_commit();
 }
 
+// A 32-head block's tile gather by one thread: row g_row of each kBlockN-key tile, chunks g_sub,
+// g_sub + kTpr, ... (gather_row). Indices are read a tile ahead and checked where the row is
+// issued (gather_row's valid), not where it is read.
+template <typename Traits, int kTpr>
+struct TileGather {
+  const SparseMlaFwdParams& p;
+  uint8_t* s_kv;
+  int* s_valid;
+  const int32_t* idx;  // token t's row of p.indices
+  int tile_begin, num_tiles, topk_t, g_row, g_sub;
+
+  // The thread's row of `tile` as stored; -1 past the block's tiles or the token's slots.
+  __device__ __forceinline__ int32_t row_index(int tile) const {
+    const int j = (tile_begin + tile) * Traits::kBlockN + g_row;
+    return tile < num_tiles && j < topk_t ? __ldg(idx + j) : -1;
+  }
+  __device__ __forceinline__ void issue(int32_t r, int stage) const {
+    gather_row<Traits, kTpr>(p, s_kv, s_valid, r, stage, g_row, g_sub);
+  }
+};
+
+// First column of k-step s of the D quarter `quarter` (one warp's share of QK): its latent
+// steps, then its rope step (D = 576).
+template <typename Traits>
+__device__ __forceinline__ int step_col(int quarter, int s) {
+  constexpr int kLatentSteps = Traits::kLatentStepsPerWarp;
+  return s < kLatentSteps ? (quarter * kLatentSteps + s) * 16
+                          : kKvLoraRank + (quarter * Traits::kRopeStepsPerWarp + s - kLatentSteps) * 16;
+}
+
 // q of token t, heads h0 .. h0 + kBlockH - 1 (rows past num_heads zero-filled), into s_q
 // [head][kSmemPitch] as given (QElement), q_nope then q_pe, by kThreads threads in 16-byte
 // cp.async chunks; one cp.async group.

@@ -128,11 +128,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       return j < topk_t ? __ldg(idx_ptr + j) : -1;
     };
     auto valid_row = [&](int32_t r) { return r >= 0 && r < p.num_kv_rows; };
-    // First column of this warp's k-step s: latent steps, then its share of the rope steps.
-    auto step_col = [&](int s) {
-      return s < kLatentSteps ? (wq * kLatentSteps + s) * 16
-                              : kKvLoraRank + (wq * Traits::kRopeStepsPerWarp + s - kLatentSteps) * 16;
-    };
     // Whether k-step s reads raw fp8 bytes (raw fp8_ds_mla tiles keep their rope in bf16).
     auto raw_fp8_step = [&](int s) { return Traits::kRawFp8 && !(Traits::kDsMla && s >= kLatentSteps); };
 
@@ -216,7 +211,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int rr = i & 1;
-          const int c = step_col(s) + a_frag_col(lane, i, raw_fp8_step(s));
+          const int c = step_col<Traits>(wq, s) + a_frag_col(lane, i, raw_fp8_step(s));
           const QElement* src = c < p.q_nope_dim ? qn[rr] + c : qp[rr] + (c - p.q_nope_dim);
           const uint32_t raw = ok[rr] ? __ldg(reinterpret_cast<const uint32_t*>(src)) : 0u;
           // bf16 -> fp16, fp16 -> bf16 hi + lo, and the same type through fp32 too (exact): an
@@ -282,7 +277,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           // (2j + 8, 2j + 9) in Q's permuted order.
           static_assert(kBlockN == 32, "lane l addresses key l of the tile");
           uint32_t r[4];
-          ldmatrix_x4(r, sK_bytes + lane * Traits::kSmemRowBytes + step_col(s));
+          ldmatrix_x4(r, sK_bytes + lane * Traits::kSmemRowBytes + step_col<Traits>(wq, s));
 #pragma unroll
           for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
@@ -297,7 +292,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           // 8 nt + n, a B fragment in the usual order (Q's rope is not permuted), as fp16.
           static_assert(kQParts == 1, "fp8 caches run fp16 MMAs: Q in one part");
           uint32_t lo[4], hi[4];
-          const uint8_t* rope = sK_bytes + lane * Traits::kSmemRowBytes + kDsMlaRopeOffset + (step_col(s) - kKvLoraRank) * 2;
+          const uint8_t* rope = sK_bytes + lane * Traits::kSmemRowBytes + kDsMlaRopeOffset +
+                                 (step_col<Traits>(wq, s) - kKvLoraRank) * 2;
           ldmatrix_x4(lo, rope);
           ldmatrix_x4(hi, rope + 16);
 #pragma unroll
@@ -306,8 +302,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           continue;
         }
         uint32_t b[2][4];
-        ldmatrix_x4(b[0], k_base + step_col(s));
-        ldmatrix_x4(b[1], k_base + 16 * kPitch + step_col(s));
+        ldmatrix_x4(b[0], k_base + step_col<Traits>(wq, s));
+        ldmatrix_x4(b[1], k_base + 16 * kPitch + step_col<Traits>(wq, s));
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           float(&acc)[4] = (Traits::kDsMla && s >= kLatentSteps) ? acc_rope[nt] : acc_s[nt];

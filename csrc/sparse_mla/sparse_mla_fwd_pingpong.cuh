@@ -89,14 +89,9 @@ __device__ __forceinline__ void sparse_mla_fwd_pingpong_block(const SparseMlaFwd
   // Gather by the S warps: thread (g_row, g_sub) copies chunks g_sub, g_sub + 8, ... of row g_row.
   const int g_row = (tid % kRoleThreads) / kLineChunks;
   const int g_sub = tid % kLineChunks;
-  const int32_t* idx_ptr = p.indices + static_cast<int64_t>(t) * p.indices_stride_t;
-  auto row_index = [&](int tile) -> int32_t {
-    const int j = (tile_begin + tile) * kBlockN + g_row;
-    return tile < num_tiles && j < topk_t ? __ldg(idx_ptr + j) : -1;
-  };
-  auto issue_row = [&](int32_t r, int stage) {
-    gather_row<Traits, kLineChunks>(p, sKV, sValid, r, stage, g_row, g_sub);
-  };
+  const TileGather<Traits, kLineChunks> gather{
+      p, sKV, sValid, p.indices + static_cast<int64_t>(t) * p.indices_stride_t, tile_begin, num_tiles, topk_t,
+      g_row, g_sub};
 
   float tensor_scale = 1.f;  // fp8_e4m3: S and O carry the per-tensor scale, applied in fp32
   if constexpr (!kDs) {
@@ -106,17 +101,13 @@ __device__ __forceinline__ void sparse_mla_fwd_pingpong_block(const SparseMlaFwd
   if (s_role) {
     const int dq = warp % kQuarters;
     const int kh = warp / kQuarters;
-    auto step_col = [&](int s) {
-      return s < kLatentSteps ? (dq * kLatentSteps + s) * 16
-                              : kKvLoraRank + (dq * Traits::kRopeStepsPerWarp + s - kLatentSteps) * 16;
-    };
     // q through stages 1 and 2 while tile 0's gather is in flight; its A fragments take the raw
     // tiles' column order (kv_convert.cuh), but for fp8_ds_mla's bf16 rope.
-    const int32_t first = row_index(0);
+    const int32_t first = gather.row_index(0);
     Element* sQ = reinterpret_cast<Element*>(sKV + kStageBytes);
     static_assert(kBlockH * kPitch * sizeof(Element) <= 2 * kStageBytes, "q fits in stages 1 and 2");
     stage_q<Traits, kRoleThreads>(p, reinterpret_cast<QElement*>(sQ), t, h0, tid);
-    issue_row(first, 0);
+    gather.issue(first, 0);
     cp_async_wait<1>();
     named_barrier_sync_unaligned<0, Traits::kNumThreads>();  // q in shared memory (the S warps' copies)
     uint32_t q_frag[kSteps][kMTiles][4];
@@ -126,8 +117,9 @@ __device__ __forceinline__ void sparse_mla_fwd_pingpong_block(const SparseMlaFwd
       for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-          q_frag[s][m][i] = *reinterpret_cast<const uint32_t*>(sQ + (m * 16 + lane / 4 + (i & 1) * 8) * kPitch +
-                                                               step_col(s) + a_frag_col(lane, i, !(kDs && s >= kLatentSteps)));
+          q_frag[s][m][i] = *reinterpret_cast<const uint32_t*>(
+              sQ + (m * 16 + lane / 4 + (i & 1) * 8) * kPitch + step_col<Traits>(dq, s) +
+              a_frag_col(lane, i, !(kDs && s >= kLatentSteps)));
         if constexpr (!std::is_same_v<QElement, Element>) {
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
@@ -138,7 +130,7 @@ __device__ __forceinline__ void sparse_mla_fwd_pingpong_block(const SparseMlaFwd
       }
     }
     named_barrier_sync_unaligned<0, Traits::kNumThreads>();  // stages 1 and 2 are free
-    int32_t next_row = row_index(1);
+    int32_t next_row = gather.row_index(1);
 
     // Phase k: S of tile k (stage k % 3), the gather of tile k + 1 into stage (k + 1) % 3, whose
     // tile k - 2 the P V warps finished in phase k - 1.
@@ -171,15 +163,15 @@ __device__ __forceinline__ void sparse_mla_fwd_pingpong_block(const SparseMlaFwd
         // The next tile's gather before S's first load, its stage being free from the phase's start
         // (fp8_e4m3 1.04-1.10x over k-step kSteps / 2 at 32-128 heads, an H100; HISTORY.md v49).
         if (s == 0 && k + 1 < num_tiles) {
-          issue_row(next_row, (k + 1) % kStages);
-          next_row = row_index(k + 2);
+          gather.issue(next_row, (k + 1) % kStages);
+          next_row = gather.row_index(k + 2);
         }
         uint32_t b[4];
         if (kDs && s == kLatentSteps) {  // fp8_ds_mla's bf16 rope step (D = 576), as fp16
           scale_by_keys();
           uint32_t r[4];
           ldmatrix_x4(r, sK_bytes + (kh * 16 + (lane % 8) + ((lane >> 3) & 1) * 8) * kRowBytes + kDsMlaRopeOffset +
-                             (step_col(s) - kKvLoraRank) * 2 + (lane >> 4) * 16);
+                             (step_col<Traits>(dq, s) - kKvLoraRank) * 2 + (lane >> 4) * 16);
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt) {
             b[2 * nt] = bf16x2_to_half2(r[nt]);
@@ -187,7 +179,7 @@ __device__ __forceinline__ void sparse_mla_fwd_pingpong_block(const SparseMlaFwd
           }
         } else {
           uint32_t r[2];
-          ldmatrix_x2(r, sK_bytes + (kh * 16 + lane % 16) * kRowBytes + step_col(s));
+          ldmatrix_x2(r, sK_bytes + (kh * 16 + lane % 16) * kRowBytes + step_col<Traits>(dq, s));
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt) {
             b[2 * nt] = e4m3x2_to_half2(r[nt]);

@@ -35,7 +35,6 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   constexpr int kSPitch = Traits::kSPitch;
   constexpr int kPPitch = Traits::kPPitch;
   constexpr int kSteps = Traits::kStepsPerWarp;  // a quarter of D
-  constexpr int kLatentSteps = Traits::kLatentStepsPerWarp;
   constexpr int kQuarters = 4;
   constexpr int kMTiles = kBlockH / 16;
   constexpr int kDvPerWarp = kHeadSizeV / Traits::kNumWarps;
@@ -70,36 +69,25 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   const int t = work.t, h0 = work.h0, split = work.split, topk_t = work.topk_t;
   const int tile_begin = work.tile_begin, num_tiles = work.num_tiles;
 
-  // Gather: thread (g_row, g_sub) copies chunks g_sub, g_sub + 8, ... of row g_row of each tile
-  // (cp_async_row). Indices are loaded a tile ahead and checked when used (as in the main kernel).
+  // Gather by every thread: thread (g_row, g_sub) copies chunks g_sub, g_sub + 8, ... of row g_row.
   const int g_row = tid / kLineChunks;
   const int g_sub = tid % kLineChunks;
-  const int32_t* idx_ptr = p.indices + static_cast<int64_t>(t) * p.indices_stride_t;
-  auto row_index = [&](int tile) -> int32_t {
-    const int j = (tile_begin + tile) * kBlockN + g_row;
-    return tile < num_tiles && j < topk_t ? __ldg(idx_ptr + j) : -1;
-  };
-  auto issue_row = [&](int32_t r, int stage) {
-    gather_row<Traits, kLineChunks>(p, sKV, sValid, r, stage, g_row, g_sub);
-  };
-  // First column of k-step s of quarter dq: its latent steps, then its rope step (D = 576).
-  auto step_col = [&](int s) {
-    return s < kLatentSteps ? (dq * kLatentSteps + s) * 16
-                            : kKvLoraRank + (dq * Traits::kRopeStepsPerWarp + s - kLatentSteps) * 16;
-  };
+  const TileGather<Traits, kLineChunks> gather{
+      p, sKV, sValid, p.indices + static_cast<int64_t>(t) * p.indices_stride_t, tile_begin, num_tiles, topk_t,
+      g_row, g_sub};
   // Q of both head groups as m16n8k16 A fragments over this warp's k-steps. q goes through stage
   // 1, which tile 1 takes after: whole 128-byte lines per warp instead of each thread's 4-byte
   // loads of its fragments (72 at D = 576), whose issue was most of the prologue (bench/HISTORY.md
   // v36). Tile 0's gather is in flight meanwhile. Rows at the tiles' pitch: ldmatrix reads them
   // without bank conflicts.
-  const int32_t first = row_index(0), second = row_index(1);
+  const int32_t first = gather.row_index(0), second = gather.row_index(1);
   // [head][kPitch], q as given (QElement), converted after the load where the cache's type
   // differs.
   Element* sQ = reinterpret_cast<Element*>(sKV + Traits::kSmemKVStageBytes);
   static_assert(sizeof(QElement) == sizeof(Element), "q's rows at the pitch of a 16-bit tile");
   static_assert(kBlockH * kPitch * sizeof(Element) <= Traits::kSmemKVStageBytes, "q of the block fits in stage 1");
   stage_q<Traits, Traits::kNumThreads>(p, reinterpret_cast<QElement*>(sQ), t, h0, tid);
-  issue_row(first, 0);
+  gather.issue(first, 0);
   cp_async_wait<1>();  // q's group; tile 0's may still be in flight
   __syncthreads();
   uint32_t q_frag[kSteps][kMTiles][4];
@@ -107,7 +95,7 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
   for (int s = 0; s < kSteps; ++s) {
 #pragma unroll
     for (int m = 0; m < kMTiles; ++m) {
-      ldmatrix_x4(q_frag[s][m], sQ + (m * 16 + lane % 16) * kPitch + step_col(s) + (lane / 16) * 8);
+      ldmatrix_x4(q_frag[s][m], sQ + (m * 16 + lane % 16) * kPitch + step_col<Traits>(dq, s) + (lane / 16) * 8);
       if constexpr (!std::is_same_v<QElement, Element>) {  // bf16 q with an fp16 cache
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -118,8 +106,8 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
     }
   }
   __syncthreads();  // every warp has its q: stage 1 is free for tile 1
-  issue_row(second, 1);
-  int32_t next_row = row_index(2);  // the thread's row of the next tile to issue
+  gather.issue(second, 1);
+  int32_t next_row = gather.row_index(2);  // the thread's row of the next tile to issue
 
   // P rows are 64 bytes, two to a 128-byte line; 16-byte chunk c of row h sits at chunk
   // c ^ ((h >> 1) & 3), so that the 8 rows an ldmatrix reads at one chunk hit 8 bank groups.
@@ -232,11 +220,11 @@ __device__ __forceinline__ void sparse_mla_fwd_wide_block(const SparseMlaFwdPara
       // apart, so it keeps this tile's ldmatrix loads behind those cp.async writes, and ~115 issue
       // slots would precede the first S MMA.
       if (s == kSteps / 2 && it > 0 && it + 1 < num_tiles) {
-        issue_row(next_row, (it + 1) % 2);  // into the stage of tile it - 1, whose V is in registers
-        next_row = row_index(it + 2);
+        gather.issue(next_row, (it + 1) % 2);  // into the stage of tile it - 1, whose V is in registers
+        next_row = gather.row_index(it + 2);
       }
       uint32_t b[4];  // keys 0-7 (b0, b1) and 8-15 (b2, b3) of the half
-      ldmatrix_x4(b, k_base + step_col(s));
+      ldmatrix_x4(b, k_base + step_col<Traits>(dq, s));
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
