@@ -28,6 +28,11 @@ __device__ __forceinline__ void cp_async_row(uint8_t* dst, const uint8_t* src, b
   for (int k = 0; k < kRowBytes / (16 * kTpr); ++k) cp_async_16(dst + k * 16 * kTpr, src + k * 16 * kTpr, valid);
 }
 
+// Whether index entry r names a row of the KV cache (-1 and out-of-range entries are skipped slots).
+__device__ __forceinline__ bool valid_kv_row(const SparseMlaFwdParams& p, int32_t r) {
+  return r >= 0 && r < p.num_kv_rows;
+}
+
 // Row r of the KV cache (zero-filled where r < 0 or r >= num_kv_rows) into row g_row of `stage`
 // of a block's tile ring, by its kTpr threads (g_sub = 0 .. kTpr - 1: chunks g_sub, g_sub + kTpr,
 // ...), and its valid flag into s_valid[stage][g_row]; one cp.async group. Raw fp8 rows (32-41
@@ -35,7 +40,7 @@ __device__ __forceinline__ void cp_async_row(uint8_t* dst, const uint8_t* src, b
 template <typename Traits, int kTpr>
 __device__ __forceinline__ void gather_row(const SparseMlaFwdParams& p, uint8_t* s_kv, int* s_valid, int32_t r,
                                            int stage, int g_row, int g_sub) {
-  const bool valid = r >= 0 && r < p.num_kv_rows;
+  const bool valid = valid_kv_row(p, r);
   const uint8_t* src = p.kv + (valid ? static_cast<int64_t>(r) : 0) * p.kv_row_stride + g_sub * 16;
   uint8_t* dst = s_kv + stage * Traits::kSmemKVStageBytes + g_row * Traits::kSmemRowBytes + g_sub * 16;
   if constexpr (!Traits::kRawFp8) {
