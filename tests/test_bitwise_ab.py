@@ -1,5 +1,5 @@
-"""tools/bitwise_ab.py cmp: equal folders pass, one flipped bit or a missing launch fails; save's q dtype
-(CPU only)."""
+"""tools/bitwise_ab.py cmp: equal folders pass, one flipped bit or a missing launch fails; save's
+folder and q dtype (CPU only)."""
 
 from __future__ import annotations
 
@@ -61,6 +61,16 @@ def test_missing_launch_fails(tmp_path, capsys):
     _write(tmp_path / "b", "x.pt", out, lse)
     assert bitwise_ab.cmp(str(tmp_path / "a"), str(tmp_path / "b")) == 1
     assert "y.pt" in capsys.readouterr().out
+
+
+def test_fresh_folder_removes_earlier_launches_only(tmp_path):
+    out, lse = _launch()
+    _write(tmp_path / "a", "bf16_D512_H16_T1.pt", out, lse)
+    (tmp_path / "a" / "notes.txt").write_text("kept")
+    bitwise_ab.fresh_folder(str(tmp_path / "a"))
+    bitwise_ab.fresh_folder(str(tmp_path / "new"))
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["notes.txt"]
+    assert (tmp_path / "new").is_dir()
 
 
 def test_q_dtype_follows_the_cache_unless_given():

@@ -63,8 +63,6 @@ done
 first=${names[0]}
 if [[ "$steps" == *" bitwise "* ]]; then
   for name in "${names[@]}"; do
-    # A folder left by an earlier A/B in the same AB_WORK (other caches) would differ in its launches.
-    rm -rf "$work/bw_$name"
     PYTHONPATH=$work/lib_$name python3 tools/bitwise_ab.py save "$work/bw_$name" --kv "$kv" ${AB_Q:+--q-dtype "$AB_Q"} > "$out/bitwise_save_$name.txt" 2>&1 \
       || { tail -5 "$out/bitwise_save_$name.txt" >&2; echo "ab_device: bitwise save of $name failed" >&2; exit 1; }
   done

@@ -9,9 +9,10 @@ placement of copies), this is a stronger check than ``verify``'s error bars. ``s
 on D in {512, 576} x {16, 24, 32, 64, 128} heads x T in {1, 8, 64, 300} tokens x the given caches
 (topk 2048, 30 % of the slots masked; inputs from ``cases.make_inputs``, whose seeds do not depend
 on the process; q in bf16, fp16 with the fp16 cache, or --q-dtype's for every cache) and writes
-each launch's out and lse to FOLDER. ``cmp`` compares two such folders (NaN-safe: the bits are
-compared) and prints, per launch that differs, the largest difference; exit 1 if any launch
-differs or the folders hold different launches. Needs a CUDA GPU for ``save``.
+each launch's out and lse to FOLDER, whose launches from an earlier ``save`` it removes first.
+``cmp`` compares two such folders (NaN-safe: the bits are compared) and prints, per launch that
+differs, the largest difference; exit 1 if any launch differs or the folders hold different
+launches. Needs a CUDA GPU for ``save``.
 """
 
 from __future__ import annotations
@@ -36,16 +37,26 @@ def q_dtype_for(kv: str, q_dtype: str | None) -> str:
     return q_dtype or ("fp16" if kv == "fp16" else "bf16")
 
 
+def fresh_folder(folder: str) -> None:
+    """Create ``folder`` if it is missing and remove the launch files (``*.pt``) an earlier
+    ``save`` left there, so that it holds this run's launches only (a folder reused for other
+    caches would otherwise make ``cmp`` report different launch sets)."""
+    os.makedirs(folder, exist_ok=True)
+    for name in os.listdir(folder):
+        if name.endswith(".pt"):
+            os.remove(os.path.join(folder, name))
+
+
 def save(folder: str, kv_dtypes: list[str], q_dtype: str | None = None) -> None:
     """Run the module docstring's launches for each cache dtype in ``kv_dtypes`` (names of
     ``KV_DTYPES``; q in ``q_dtype_for(kv, q_dtype)``) and write ``(out, lse)`` of each,
     out ``[T, H, 512]`` in q's dtype and lse fp32 ``[T, H]`` on the CPU, to
-    ``FOLDER/{kv}_D{head_size}_H{num_heads}_T{num_tokens}.pt``. Needs a CUDA GPU and the built
-    package; the op's own errors propagate."""
+    ``FOLDER/{kv}_D{head_size}_H{num_heads}_T{num_tokens}.pt``, after ``fresh_folder``. Needs a
+    CUDA GPU and the built package; the op's own errors propagate."""
     from vllm_sparse_mla_blackwell import cases, ops
 
     device = torch.device("cuda")
-    os.makedirs(folder, exist_ok=True)
+    fresh_folder(folder)
     n = 0
     for kv, head_size, num_heads, num_tokens in itertools.product(kv_dtypes, HEAD_SIZES, NUM_HEADS, NUM_TOKENS):
         case = cases.Case(head_size=head_size, num_heads=num_heads, num_tokens=num_tokens,
